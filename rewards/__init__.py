@@ -1,0 +1,1 @@
+"""Reward components (plain functions) and their weighting."""
