@@ -1,0 +1,184 @@
+"""The `tune-prompts` command line.
+
+    tune-prompts --task risk                 tune the risk task's template (the main job)
+    tune-prompts tasks                       list tasks with data sizes and label balance
+    tune-prompts render --task risk          show the seed template rendered on a few examples
+    tune-prompts eval --task risk            score a template: every reward component, with timing
+    tune-prompts store list|show|...         the versioned template store
+
+Every command exits 0 on success, 2 on bad input (with one line saying what to fix), 1 on a failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import warnings
+from pathlib import Path
+from typing import Sequence
+
+from pipelines import cli_store
+from pipelines.config import ConfigError, TaskConfig, builtin_tasks, load_task
+from pipelines.data import DataError, label_counts, load_examples, split_examples
+from pipelines.models import ModelLoadError
+from templates.template import Template, TemplateError
+
+USER_ERRORS = (ConfigError, DataError, TemplateError, ModelLoadError)
+
+
+def quiet_libraries() -> None:
+    """Keep third-party chatter (progress bars, deprecation notes) out of the CLI's output."""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+    warnings.filterwarnings("ignore", message=".*pynvml.*")
+    warnings.filterwarnings("ignore", category=FutureWarning)
+
+
+def table(rows: list[dict], columns: Sequence[str] | None = None) -> str:
+    """A plain aligned text table."""
+    if not rows:
+        return "(none)"
+    columns = list(columns or rows[0])
+    cells = [[_fmt(r.get(c, "")) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    line = lambda values: "  ".join(v.ljust(w) for v, w in zip(values, widths)).rstrip()  # noqa: E731
+    return "\n".join([line(columns), line(["-" * w for w in widths]), *map(line, cells)])
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value)
+
+
+def read_template_file(path: str, task: TaskConfig) -> Template:
+    """A template from a file: YAML record (text, variables, constraints) or plain template text."""
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"template file {path!r} does not exist")
+    text = file.read_text(encoding="utf-8")
+    if file.suffix in (".yaml", ".yml"):
+        import yaml
+
+        try:
+            record = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"template file {path} is not valid YAML: {exc}") from None
+        if not isinstance(record, dict):
+            raise ConfigError(f"template file {path} must hold a mapping with at least 'text'")
+        template = Template.from_dict(record)
+    else:
+        template = task.make_template(text.rstrip("\n"))
+    if template.variables != (task.input_variable,):
+        raise TemplateError(
+            f"template in {path} declares {list(template.variables)}; task {task.name!r} fills only "
+            f"{{{task.input_variable}}}"
+        )
+    return template
+
+
+# --- commands ---------------------------------------------------------------------------------
+def cmd_tasks(args) -> int:
+    rows = []
+    for name in builtin_tasks() + list(args.files or []):
+        task = load_task(name)
+        examples = load_examples(task)
+        splits = split_examples(task, examples)
+        counts = label_counts(examples)
+        balance = ", ".join(f"{label} {counts.get(label, 0)} ({counts.get(label, 0) / len(examples):.0%})" for label in task.labels)
+        rows.append(
+            {
+                "task": task.name,
+                "examples": len(examples),
+                "labels": balance,
+                "train/dev/test": f"{len(splits.train)}/{len(splits.dev)}/{len(splits.test)}",
+                "source": task.data.source,
+            }
+        )
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        print(table(rows))
+    return 0
+
+
+def cmd_render(args) -> int:
+    task = load_task(args.task)
+    template = read_template_file(args.template, task) if args.template else task.seed_template()
+    splits = split_examples(task, load_examples(task))
+    examples = splits[args.split][: args.n]
+    chat = None
+    if args.chat:
+        from pipelines.models import load_tokenizer
+
+        chat = load_tokenizer(args.model)
+    rendered = []
+    for example in examples:
+        prompt = template.render({task.input_variable: example.text})
+        if chat is not None:
+            prompt = chat.apply_chat_template(
+                [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+            )
+        rendered.append({"label": example.label, "prompt": prompt})
+    if args.json:
+        print(json.dumps({"task": task.name, "template": template.to_dict(), "examples": rendered}, indent=2))
+        return 0
+    print(f"task {task.name}: template ({len(template.text)} characters, variables {list(template.variables)})")
+    print("  " + template.text.replace("\n", "\n  "))
+    for i, item in enumerate(rendered, 1):
+        print(f"\n--- example {i} of the {args.split} split (label: {item['label']}) ---")
+        print(item["prompt"])
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tune-prompts",
+        description="Tune LLM prompt templates with reinforcement learning. "
+        "With --task and no command, runs the tuning job.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n  tune-prompts --task risk\n  tune-prompts tasks\n  tune-prompts render --task risk -n 3\n"
+        "  tune-prompts eval --task risk --split test",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("tasks", help="list tasks with data sizes and label balance")
+    p.add_argument("files", nargs="*", help="extra task YAML files to include")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_tasks)
+
+    p = sub.add_parser("render", help="show a template rendered on a few examples")
+    p.add_argument("--task", required=True, help=f"a built-in task ({', '.join(builtin_tasks())}) or a task YAML file")
+    p.add_argument("--template", help="a template file (YAML record or plain text); default: the task's seed template")
+    p.add_argument("--split", default="dev", choices=["train", "dev", "test"])
+    p.add_argument("-n", type=int, default=3, help="how many examples (default 3)")
+    p.add_argument("--chat", action="store_true", help="wrap each prompt in the target model's chat template")
+    p.add_argument("--model", default=None, help="model whose chat template --chat uses (default: the embedded one)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_render)
+
+    cli_store.register(sub).set_defaults(func=cli_store.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    quiet_libraries()
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return args.func(args)
+    except USER_ERRORS as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

