@@ -1,0 +1,512 @@
+"""The versioned template store: append-only versions, labels that move, a change counter.
+
+Layout (SQLite today; PostgreSQL later through the same URL option):
+
+* ``versions``: one immutable row per template version: the template record, its parent, the
+  run that made it, scores per split, latency figures and the gate's decision. Triggers refuse
+  every UPDATE and DELETE.
+* ``label_history``: every label move ever made, also append-only. A label's current version is
+  its newest row (``version_id`` NULL means the label was removed; only the canary is removed,
+  when a promotion ends its ramp). Canary rows also carry the traffic share and the ramp.
+  Because nothing else changes, ``max(seq)`` of this table is the change counter readers poll:
+  it rises in the same transaction as the move it counts and cannot drift from it.
+
+Labels ``production`` and ``canary`` move only through ``promote``/``rollback`` and
+``set_canary``/``advance_canary``/``end_canary``, so each has one way to change and the
+production history stays a clean stack for rollbacks. Other labels move with ``set_label``.
+
+Every write is one ``BEGIN IMMEDIATE`` transaction: concurrent writers queue on the lock (up
+to the busy timeout) and a writer killed mid-way leaves the store as it was before.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import math
+import os
+import re
+import sqlite3
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+from urllib.parse import quote
+
+from templates.gate import Decision
+from templates.routing import DEFAULT_RAMP, Canary
+from templates.template import Template
+
+SCHEMA_VERSION = 1
+LABEL_NAME = re.compile(r"[a-z][a-z0-9_-]*")
+SPLITS = ("dev", "test")
+
+# SQLite DDL. A PostgreSQL schema will need its own trigger syntax; the queries below stay
+# standard SQL (qmark parameters, RETURNING, no INSERT OR REPLACE) so they can be shared.
+_SCHEMA = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE versions (
+    id INTEGER PRIMARY KEY,
+    task TEXT NOT NULL,
+    content_hash TEXT NOT NULL,
+    template TEXT NOT NULL,
+    parent_id INTEGER REFERENCES versions(id),
+    run_id TEXT,
+    scores TEXT NOT NULL,
+    latency TEXT NOT NULL,
+    decision TEXT,
+    created_at TEXT NOT NULL
+);
+CREATE INDEX versions_by_task ON versions(task, id);
+CREATE TABLE label_history (
+    seq INTEGER PRIMARY KEY,
+    task TEXT NOT NULL,
+    label TEXT NOT NULL,
+    version_id INTEGER REFERENCES versions(id),
+    action TEXT NOT NULL,
+    share REAL,
+    ramp TEXT,
+    moved_at TEXT NOT NULL
+);
+CREATE INDEX label_history_by_label ON label_history(task, label, seq);
+CREATE TRIGGER versions_no_update BEFORE UPDATE ON versions
+    BEGIN SELECT RAISE(ABORT, 'template versions are append-only'); END;
+CREATE TRIGGER versions_no_delete BEFORE DELETE ON versions
+    BEGIN SELECT RAISE(ABORT, 'template versions are append-only'); END;
+CREATE TRIGGER label_history_no_update BEFORE UPDATE ON label_history
+    BEGIN SELECT RAISE(ABORT, 'label history is append-only'); END;
+CREATE TRIGGER label_history_no_delete BEFORE DELETE ON label_history
+    BEGIN SELECT RAISE(ABORT, 'label history is append-only'); END;
+"""
+
+_COLUMNS = ("id", "task", "content_hash", "template", "parent_id", "run_id", "scores", "latency", "decision", "created_at")
+_VERSION_COLUMNS = ", ".join(_COLUMNS)
+# A label's state is its newest history row.
+_CURRENT = "SELECT version_id, share, ramp FROM label_history WHERE task = ? AND label = ? ORDER BY seq DESC LIMIT 1"
+
+
+class StoreError(Exception):
+    """The store cannot do what was asked; the message names the problem and the fix."""
+
+
+def default_store_url() -> str:
+    """``sqlite:////<TUNE_PROMPTS_HOME>/store.sqlite``, TUNE_PROMPTS_HOME defaulting to ~/.tune-prompts."""
+    home = Path(os.environ.get("TUNE_PROMPTS_HOME") or Path.home() / ".tune-prompts")
+    return f"sqlite:///{home.expanduser().resolve() / 'store.sqlite'}"
+
+
+@dataclass(frozen=True)
+class Version:
+    """One immutable template version as stored."""
+
+    id: int
+    task: str
+    content_hash: str  # first 12 hex digits of the sha256 of the template record
+    template: Template
+    parent_id: int | None
+    run_id: str | None
+    scores: dict[str, dict[str, float]]  # split ("dev", "test") -> component -> score
+    latency: dict[str, float]  # e.g. template_tokens, latency_p95_ms, render_us_p99, error_rate
+    decision: Decision | None  # the gate's decision; None for a version that was never gated (a seed)
+    created_at: str  # ISO 8601, UTC
+
+    def to_dict(self) -> dict:
+        return {
+            "id": self.id,
+            "task": self.task,
+            "content_hash": self.content_hash,
+            "template": self.template.to_dict(),
+            "parent_id": self.parent_id,
+            "run_id": self.run_id,
+            "scores": self.scores,
+            "latency": self.latency,
+            "decision": None if self.decision is None else {
+                "promote": self.decision.promote, "reasons": list(self.decision.reasons)},
+            "created_at": self.created_at,
+        }
+
+
+def _version_from_row(row: tuple) -> Version:
+    id_, task, content_hash, template, parent_id, run_id, scores, latency, decision, created_at = row
+    decision = None if decision is None else json.loads(decision)
+    return Version(
+        id=id_, task=task, content_hash=content_hash, template=Template.from_dict(json.loads(template)),
+        parent_id=parent_id, run_id=run_id, scores=json.loads(scores), latency=json.loads(latency),
+        decision=None if decision is None else Decision(bool(decision["promote"]), tuple(decision["reasons"])),
+        created_at=created_at,
+    )
+
+
+def _finite_figures(figures: Mapping[str, Any], what: str) -> dict[str, float]:
+    out = {}
+    for name, value in figures.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise StoreError(f"{what}: {name}={value!r} is not a finite number; store only measured figures")
+        out[str(name)] = value
+    return out
+
+
+def _tables(conn: sqlite3.Connection) -> set[str]:
+    return {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+
+
+def _not_a_store(path: str, tables: set[str]) -> StoreError:
+    return StoreError(
+        f"{path} is not a tune-prompts store (schema missing: it holds tables {sorted(tables)}): "
+        "restore it from a backup or point --store at another path"
+    )
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+class TemplateStore:
+    """A template store opened from a URL: ``sqlite:///relative.sqlite`` or ``sqlite:////absolute.sqlite``
+    (SQLAlchemy's convention) or a plain file path.
+
+    ``create=False`` refuses to create a missing store (readers and the CLI use it, so a mistyped
+    path is an error rather than a new empty store). One connection, guarded by a lock, so an
+    instance may be shared between threads.
+    """
+
+    def __init__(self, url: str, *, busy_timeout_s: float = 5.0, create: bool = True) -> None:
+        self.url = url
+        self.busy_timeout_s = busy_timeout_s
+        self._lock = threading.RLock()
+        self._path, self._conn = self._connect(url, create)
+
+    # --- connection and dialect: the one place that knows the store is SQLite ---
+
+    def _connect(self, url: str, create: bool) -> tuple[str, sqlite3.Connection]:
+        scheme, sep, rest = url.partition("://")
+        if not sep:
+            scheme, rest = "sqlite", "/" + url  # a plain path
+        if scheme in ("postgresql", "postgres"):
+            raise StoreError(
+                f"PostgreSQL stores are not supported yet (no driver is installed): use a sqlite:///PATH URL instead of {url}"
+            )
+        if scheme != "sqlite" or not rest.startswith("/") or len(rest) < 2:
+            raise StoreError(f"cannot open store {url!r}: use sqlite:///relative/path.sqlite or sqlite:////absolute/path.sqlite")
+        path = os.path.abspath(rest[1:])
+        # Look before writing anything: a read-only connection cannot change a file that is not ours.
+        has_schema = os.path.exists(path) and os.path.getsize(path) > 0 and self._check_is_store(path)
+        if not has_schema and not create:
+            raise StoreError(f"no store at {path}: check --store / the URL, or create it by adding a version")
+        if not has_schema:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+        try:
+            conn = sqlite3.connect(path, timeout=self.busy_timeout_s, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise self._error(exc, path) from None
+        try:
+            conn.execute("PRAGMA foreign_keys = ON")
+            if not has_schema:
+                self._create_schema(conn, path)
+        except sqlite3.Error as exc:
+            conn.close()
+            raise self._error(exc, path) from None
+        except StoreError:
+            conn.close()
+            raise
+        return path, conn
+
+    def _check_is_store(self, path: str) -> bool:
+        """True for a tune-prompts store, False for an SQLite file with no tables at all (a store whose
+        creation has not committed yet); raises for anything else, without writing to the file."""
+        try:
+            conn = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True, timeout=self.busy_timeout_s)
+            try:
+                tables = _tables(conn)
+                app = conn.execute("SELECT value FROM meta WHERE key = 'app'").fetchone() if "meta" in tables else None
+            finally:
+                conn.close()
+        except sqlite3.Error as exc:
+            raise self._error(exc, path) from None
+        if tables and app != ("tune-prompts",):
+            raise _not_a_store(path, tables)
+        return bool(tables)
+
+    def _create_schema(self, conn: sqlite3.Connection, path: str) -> None:
+        conn.execute("PRAGMA journal_mode = WAL")  # persistent: readers never wait for a writer
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            # Another process may have created the store since we looked; look again under the lock.
+            tables = _tables(conn)
+            if tables and "meta" not in tables:
+                raise _not_a_store(path, tables)
+            if not tables:
+                for statement in _SCHEMA.split(";\n"):
+                    if statement.strip():
+                        conn.execute(statement)
+                conn.executemany(
+                    "INSERT INTO meta (key, value) VALUES (?, ?)",
+                    [("app", "tune-prompts"), ("schema_version", str(SCHEMA_VERSION))],
+                )
+            conn.execute("COMMIT")
+        finally:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+
+    def _error(self, exc: sqlite3.Error, path: str | None = None) -> StoreError:
+        path = path or self._path
+        text = str(exc)
+        if "locked" in text or "busy" in text:
+            return StoreError(
+                f"the store at {path} is locked by another process; retry, or raise the busy timeout "
+                f"(now {self.busy_timeout_s:g} s)"
+            )
+        if "not a database" in text or "malformed" in text:
+            return StoreError(
+                f"{path} is not a tune-prompts store (file is not a database): "
+                "restore it from a backup or point --store at another path"
+            )
+        return StoreError(f"store at {path}: {text}")
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction; everything inside commits together or not at all."""
+        with self._lock:
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._conn
+                    self._conn.execute("COMMIT")
+                finally:
+                    if self._conn.in_transaction:
+                        self._conn.execute("ROLLBACK")
+            except sqlite3.Error as exc:
+                raise self._error(exc) from None
+
+    def _query(self, sql: str, params: tuple = ()) -> list[tuple]:
+        with self._lock:
+            try:
+                return self._conn.execute(sql, params).fetchall()
+            except sqlite3.Error as exc:
+                raise self._error(exc) from None
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> "TemplateStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- versions ---
+
+    def add_version(
+        self,
+        task: str,
+        template: Template,
+        *,
+        parent_id: int | None = None,
+        run_id: str | None = None,
+        scores: Mapping[str, Mapping[str, float]] | None = None,
+        latency: Mapping[str, float] | None = None,
+        decision: Decision | None = None,
+    ) -> Version:
+        """Append a new immutable version and return it."""
+        if not isinstance(task, str) or not task:
+            raise StoreError("a version needs a task name, e.g. 'risk'")
+        scores = scores or {}
+        unknown = sorted(set(scores) - set(SPLITS))
+        if unknown:
+            raise StoreError(f"scores has unknown split(s) {unknown}; use {list(SPLITS)}")
+        scores = {split: _finite_figures(scores.get(split, {}), f"scores[{split!r}]") for split in SPLITS}
+        latency = _finite_figures(latency or {}, "latency")
+        record = json.dumps(template.to_dict(), sort_keys=True)
+        content_hash = hashlib.sha256(record.encode()).hexdigest()[:12]
+        decision_json = None if decision is None else json.dumps(
+            {"promote": bool(decision.promote), "reasons": list(decision.reasons)})
+        row = (task, content_hash, record, parent_id, run_id, json.dumps(scores), json.dumps(latency),
+               decision_json, _now())
+        with self._transaction() as conn:
+            if parent_id is not None and not conn.execute("SELECT 1 FROM versions WHERE id = ?", (parent_id,)).fetchone():
+                raise StoreError(f"parent version {parent_id} does not exist; pass the id of a stored version or None")
+            (version_id,) = conn.execute(
+                "INSERT INTO versions (task, content_hash, template, parent_id, run_id, scores, latency, decision,"
+                " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                row,
+            ).fetchone()
+        return _version_from_row((version_id, *row))
+
+    def get_version(self, version_id: int) -> Version:
+        rows = self._query(f"SELECT {_VERSION_COLUMNS} FROM versions WHERE id = ?", (version_id,))
+        if not rows:
+            raise StoreError(f"no version {version_id} in the store at {self._path}; `tune-prompts store list` shows them")
+        return _version_from_row(rows[0])
+
+    def list_versions(self, task: str) -> list[Version]:
+        """A task's versions, oldest first; empty for an unknown task."""
+        rows = self._query(f"SELECT {_VERSION_COLUMNS} FROM versions WHERE task = ? ORDER BY id", (task,))
+        return [_version_from_row(row) for row in rows]
+
+    def tasks(self) -> list[str]:
+        return [task for (task,) in self._query("SELECT DISTINCT task FROM versions ORDER BY task")]
+
+    def diff(self, a_id: int, b_id: int) -> dict:
+        """Unified diff of the template texts of versions ``a_id`` -> ``b_id``, and ``b - a`` for every
+        score and latency figure (None where only one side has it)."""
+        a, b = self.get_version(a_id), self.get_version(b_id)
+
+        def deltas(x: Mapping[str, float], y: Mapping[str, float]) -> dict[str, float | None]:
+            return {k: (y[k] - x[k] if k in x and k in y else None) for k in sorted({*x, *y})}
+
+        text_diff = "\n".join(difflib.unified_diff(
+            a.template.text.splitlines(), b.template.text.splitlines(),
+            fromfile=f"version {a.id}", tofile=f"version {b.id}", lineterm="",
+        ))
+        return {
+            "a": a.id,
+            "b": b.id,
+            "text_diff": text_diff,
+            "score_deltas": {s: deltas(a.scores.get(s, {}), b.scores.get(s, {})) for s in SPLITS},
+            "latency_deltas": deltas(a.latency, b.latency),
+        }
+
+    # --- labels ---
+
+    def _version_for_task(self, conn: sqlite3.Connection, task: str, version_id: int) -> tuple:
+        row = conn.execute(f"SELECT {_VERSION_COLUMNS} FROM versions WHERE id = ?", (version_id,)).fetchone()
+        if row is None:
+            raise StoreError(f"no version {version_id} in the store at {self._path}; `tune-prompts store list {task}` shows them")
+        if row[1] != task:
+            raise StoreError(f"version {version_id} belongs to task {row[1]!r}, not {task!r}; pick a version of {task!r}")
+        return row
+
+    def _move(self, conn: sqlite3.Connection, task: str, label: str, version_id: int | None, action: str,
+              canary: Canary | None = None) -> None:
+        conn.execute(
+            "INSERT INTO label_history (task, label, version_id, action, share, ramp, moved_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (task, label, version_id, action, None if canary is None else canary.share,
+             None if canary is None else json.dumps(canary.ramp), _now()),
+        )
+
+    def set_label(self, task: str, label: str, version_id: int) -> None:
+        """Point ``label`` (e.g. ``staging``) at a version of ``task``."""
+        if not isinstance(label, str) or not LABEL_NAME.fullmatch(label):
+            raise StoreError(f"label {label!r} must match [a-z][a-z0-9_-]*, e.g. 'staging'")
+        if label == "production":
+            raise StoreError("production moves only by promotion: use promote (or rollback)")
+        if label == "canary":
+            raise StoreError("the canary label moves with its traffic share: use set_canary")
+        with self._transaction() as conn:
+            self._version_for_task(conn, task, version_id)
+            self._move(conn, task, label, version_id, "set")
+
+    def get_label(self, task: str, label: str) -> Version | None:
+        # LEFT JOIN: the newest row decides, even when it removed the label (version_id NULL).
+        rows = self._query(
+            f"SELECT h.version_id, {', '.join('v.' + c for c in _COLUMNS)}"
+            " FROM label_history h LEFT JOIN versions v ON v.id = h.version_id"
+            " WHERE h.task = ? AND h.label = ? ORDER BY h.seq DESC LIMIT 1",
+            (task, label),
+        )
+        return _version_from_row(rows[0][1:]) if rows and rows[0][0] is not None else None
+
+    def labels(self, task: str) -> dict[str, int]:
+        """Every label of ``task`` that points at a version now: label -> version id."""
+        rows = self._query(
+            "SELECT h.label, h.version_id FROM label_history h WHERE h.task = ? AND h.seq ="
+            " (SELECT max(seq) FROM label_history WHERE task = h.task AND label = h.label) ORDER BY h.label",
+            (task,),
+        )
+        return {label: version_id for label, version_id in rows if version_id is not None}
+
+    def promote(self, task: str, version_id: int, *, force: bool = False) -> Version:
+        """Make a version ``production`` and end any canary ramp, in one transaction.
+
+        A version the gate refused (or never saw) needs ``force=True``; the move is recorded as forced.
+        """
+        with self._transaction() as conn:
+            version = _version_from_row(self._version_for_task(conn, task, version_id))
+            if not force and (version.decision is None or not version.decision.promote):
+                why = "was never gated" if version.decision is None else "was refused by the gate: " + "; ".join(
+                    r for r in version.decision.reasons if r.startswith("fail"))
+                raise StoreError(f"version {version_id} {why}; pass force=True (--force) to promote it anyway")
+            current = conn.execute(_CURRENT, (task, "production")).fetchone()
+            if current is not None and current[0] == version_id:
+                raise StoreError(f"version {version_id} is already production for {task!r}; nothing to do")
+            self._move(conn, task, "production", version_id, "force-promote" if force else "promote")
+            canary = conn.execute(_CURRENT, (task, "canary")).fetchone()
+            if canary is not None and canary[0] is not None:
+                self._move(conn, task, "canary", None, "end-canary")
+        return version
+
+    def rollback(self, task: str) -> Version:
+        """Undo the newest promotion not yet undone: ``production`` returns to the version it held before.
+
+        The production history is a stack: each promotion pushes, each rollback pops. After promoting
+        1, 2, 3, rollbacks go to 2, then 1, then fail; promoting 4 after that and rolling back returns to 1.
+        """
+        with self._transaction() as conn:
+            stack: list[int] = []
+            for version_id, action in conn.execute(
+                "SELECT version_id, action FROM label_history WHERE task = ? AND label = 'production' ORDER BY seq",
+                (task,),
+            ):
+                if action == "rollback":
+                    stack.pop()
+                else:
+                    stack.append(version_id)
+            if len(stack) < 2:
+                now = f"version {stack[-1]}" if stack else "nothing"
+                raise StoreError(f"cannot roll back {task!r}: production holds {now} and no earlier version to return to")
+            self._move(conn, task, "production", stack[-2], "rollback")
+            return _version_from_row(self._version_for_task(conn, task, stack[-2]))
+
+    # --- canary routing ---
+
+    def set_canary(self, task: str, version_id: int, share: float | None = None,
+                   ramp: tuple[float, ...] = DEFAULT_RAMP) -> Canary:
+        """Route ``share`` of the task's callers (default: the ramp's first step) to a version."""
+        try:
+            canary = Canary(version_id, ramp[0] if share is None else share, tuple(ramp))
+        except (ValueError, IndexError) as exc:
+            raise StoreError(str(exc) if isinstance(exc, ValueError) else "the canary ramp needs at least one step") from None
+        with self._transaction() as conn:
+            self._version_for_task(conn, task, version_id)
+            production = conn.execute(_CURRENT, (task, "production")).fetchone()
+            if production is not None and production[0] == version_id:
+                raise StoreError(f"version {version_id} is already production for {task!r}; canary a different version")
+            self._move(conn, task, "canary", version_id, "canary", canary)
+        return canary
+
+    def canary(self, task: str) -> Canary | None:
+        rows = self._query(_CURRENT, (task, "canary"))
+        row = rows[0] if rows else None
+        if row is None or row[0] is None:
+            return None
+        return Canary(row[0], row[1], tuple(json.loads(row[2])))
+
+    def advance_canary(self, task: str) -> Canary:
+        """Move the canary's share to the next step of its ramp."""
+        with self._transaction() as conn:
+            row = conn.execute(_CURRENT, (task, "canary")).fetchone()
+            if row is None or row[0] is None:
+                raise StoreError(f"task {task!r} has no canary to advance; start one with set_canary (route --canary)")
+            try:
+                canary = Canary(row[0], row[1], tuple(json.loads(row[2]))).advance()
+            except ValueError as exc:
+                raise StoreError(str(exc)) from None
+            self._move(conn, task, "canary", canary.version_id, "advance", canary)
+        return canary
+
+    def end_canary(self, task: str) -> None:
+        """Send every caller to production again."""
+        with self._transaction() as conn:
+            row = conn.execute(_CURRENT, (task, "canary")).fetchone()
+            if row is None or row[0] is None:
+                raise StoreError(f"task {task!r} has no canary to end")
+            self._move(conn, task, "canary", None, "end-canary")
+
+    def generation(self) -> int:
+        """A number that rises with every label or canary change; readers compare it to spot changes."""
+        return self._query("SELECT coalesce(max(seq), 0) FROM label_history")[0][0]
