@@ -1,0 +1,223 @@
+"""The serving reader: cached lookups, canary routing, changes from other processes within a second."""
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from templates.gate import Decision
+from templates.routing import takes_canary
+from templates.serving import TemplateReader
+from templates.store import StoreError, TemplateStore
+from templates.template import Template, TemplateError
+
+REPO = Path(__file__).resolve().parents[1]
+PASSED = Decision(True, ("pass",))
+V1_TEXT, V2_TEXT = "v1: classify {text}", "v2: classify carefully {text}"
+
+
+def python(code: str, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+@pytest.fixture
+def url(tmp_path):
+    """A store whose risk task has v1 in production and v2 ready."""
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    with TemplateStore(url) as store:
+        v1 = store.add_version("risk", Template.from_text(V1_TEXT), decision=PASSED)
+        store.add_version("risk", Template.from_text(V2_TEXT), decision=PASSED)
+        store.promote("risk", v1.id)
+    return url
+
+
+def wait_for(reader: TemplateReader, text: str, limit_s: float) -> float:
+    """Seconds until the reader's production template has ``text``; fails after ``limit_s``."""
+    started = time.monotonic()
+    while reader.get("risk").text != text:
+        elapsed = time.monotonic() - started
+        assert elapsed < limit_s, f"reader still serves the old template after {elapsed:.2f} s"
+        time.sleep(0.001)
+    return time.monotonic() - started
+
+
+def test_get_and_render(url):
+    reader = TemplateReader(url)
+    assert reader.get("risk").text == V1_TEXT
+    assert reader.get("risk") is reader.get("risk")  # compiled once, then cached
+    assert reader.render("risk", {"text": "hello"}) == "v1: classify hello"
+    with pytest.raises(TemplateError, match="missing variable"):
+        reader.render("risk", {})
+    with pytest.raises(ValueError, match="label or key, not both"):
+        reader.render("risk", {"text": "x"}, label="production", key="user-1")
+    reader.close()
+
+
+def test_a_missing_label_or_store_is_a_clear_error(url, tmp_path):
+    reader = TemplateReader(url)
+    with pytest.raises(StoreError, match="task 'risk' has no 'staging' template; its labels are \\['production'\\]"):
+        reader.get("risk", "staging")
+    with pytest.raises(StoreError, match="task 'nope' has no 'production' template; its labels are none"):
+        reader.get("nope")
+    with pytest.raises(StoreError, match="no store at"):
+        TemplateReader(f"sqlite:///{tmp_path / 'typo.sqlite'}")
+    with pytest.raises(ValueError, match="refresh_s"):
+        TemplateReader(url, refresh_s=0)
+
+
+def test_lookups_between_checks_come_from_the_cache(url):
+    reader = TemplateReader(url, refresh_s=3600)
+    assert reader.get("risk").text == V1_TEXT
+    with TemplateStore(url) as store:
+        store.promote("risk", 2)
+    assert reader.get("risk").text == V1_TEXT  # no check for an hour: the cached template
+    fresh = TemplateReader(url, refresh_s=0.01)
+    assert fresh.get("risk").text == V2_TEXT
+
+
+@pytest.mark.parametrize("change", ["promote", "rollback", "label", "canary"])
+def test_every_kind_of_change_reaches_a_running_reader(url, change):
+    reader = TemplateReader(url, refresh_s=0.01)
+    assert reader.get("risk").text == V1_TEXT
+    with TemplateStore(url) as store:
+        if change == "promote":
+            store.promote("risk", 2)
+        elif change == "rollback":
+            store.promote("risk", 2)
+            time.sleep(0.02)
+            assert reader.get("risk").text == V2_TEXT
+            store.rollback("risk")
+        elif change == "label":
+            store.set_label("risk", "staging", 1)
+            time.sleep(0.02)
+            assert reader.get("risk", "staging").text == V1_TEXT
+            store.set_label("risk", "staging", 2)
+        else:
+            store.set_canary("risk", 2, 1.0, (1.0,))
+    time.sleep(0.02)
+    expected = {"promote": ("production", V2_TEXT), "rollback": ("production", V1_TEXT),
+                "label": ("staging", V2_TEXT), "canary": ("canary", V2_TEXT)}[change]
+    assert reader.get("risk", expected[0]).text == expected[1]
+    if change == "canary":
+        assert reader.for_caller("risk", "anyone").text == V2_TEXT  # share 1.0
+
+
+def test_for_caller_follows_the_routing_and_the_ramp(url):
+    reader = TemplateReader(url, refresh_s=0.01)
+    keys = [f"user-{i}" for i in range(2000)]
+    assert all(reader.for_caller("risk", k).text == V1_TEXT for k in keys)  # no canary yet
+    with TemplateStore(url) as store:
+        store.set_canary("risk", 2, 0.05)
+        time.sleep(0.02)
+        routed = {k: reader.for_caller("risk", k).text for k in keys}
+        assert routed == {k: V2_TEXT if takes_canary("risk", k, 0.05) else V1_TEXT for k in keys}
+        assert 50 <= list(routed.values()).count(V2_TEXT) <= 150
+        assert reader.render("risk", {"text": "x"}, key=next(k for k in keys if routed[k] == V2_TEXT)).startswith("v2")
+
+        store.advance_canary("risk")
+        time.sleep(0.02)
+        at_20 = {k for k in keys if reader.for_caller("risk", k).text == V2_TEXT}
+        assert {k for k, text in routed.items() if text == V2_TEXT} < at_20  # sticky: nobody left the canary
+
+        store.promote("risk", 2)
+        time.sleep(0.02)
+        assert all(reader.for_caller("risk", k).text == V2_TEXT for k in keys)
+        store.rollback("risk")  # the canary ended with the promotion; everyone returns to v1
+        time.sleep(0.02)
+        assert all(reader.for_caller("risk", k).text == V1_TEXT for k in keys)
+
+
+PROMOTE = """
+import sys
+from templates.store import TemplateStore
+with TemplateStore(sys.argv[1]) as store:
+    store.promote("risk", 2)
+print("promoted", flush=True)
+"""
+
+
+def test_a_promotion_in_another_process_is_visible_within_a_second(url):
+    reader = TemplateReader(url)  # the default refresh
+    assert reader.get("risk").text == V1_TEXT
+    child = python(PROMOTE, url)
+    assert child.stdout.readline().strip() == "promoted", child.stderr.read()
+    assert wait_for(reader, V2_TEXT, limit_s=1.0) < 1.0
+    child.communicate(timeout=10)
+
+
+PAUSE_BEFORE_COMMIT = """
+import sys, time
+from templates.store import TemplateStore
+store = TemplateStore(sys.argv[1])
+real = store._conn
+
+class PauseBeforeCommit:
+    def __getattr__(self, name):
+        return getattr(real, name)
+
+    def execute(self, sql, *args):
+        if sql == "COMMIT":
+            print("written, not committed", flush=True)
+            time.sleep(60)
+        return real.execute(sql, *args)
+
+store._conn = PauseBeforeCommit()
+store.promote("risk", 2)
+"""
+
+
+def test_a_reader_never_sees_an_uncommitted_promotion(url):
+    reader = TemplateReader(url, refresh_s=0.005)
+    assert reader.get("risk").text == V1_TEXT
+    child = python(PAUSE_BEFORE_COMMIT, url)
+    try:
+        assert child.stdout.readline().strip() == "written, not committed", child.stderr.read()
+        deadline = time.monotonic() + 0.3  # many refreshes while the write is pending
+        while time.monotonic() < deadline:
+            assert reader.get("risk").text == V1_TEXT
+            assert reader.for_caller("risk", "user-1").text == V1_TEXT
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=10)
+    finally:
+        child.kill()
+        child.communicate()
+    time.sleep(0.01)
+    assert reader.get("risk").text == V1_TEXT
+    child = python(PROMOTE, url)  # the store still works, and a committed promotion shows up
+    assert child.stdout.readline().strip() == "promoted", child.stderr.read()
+    wait_for(reader, V2_TEXT, limit_s=1.0)
+    child.communicate(timeout=10)
+
+
+def test_threads_share_a_reader_while_labels_move(url):
+    reader = TemplateReader(url, refresh_s=0.001)
+    seen, errors, stop = set(), [], threading.Event()
+
+    def serve(n: int) -> None:
+        try:
+            while not stop.is_set():
+                seen.add(reader.for_caller("risk", f"user-{n}").text)
+                seen.add(reader.get("risk").text)
+        except Exception as exc:  # noqa: BLE001 - the test reports whatever a serving thread hit
+            errors.append(exc)
+
+    threads = [threading.Thread(target=serve, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    with TemplateStore(url) as store:
+        for _ in range(10):
+            store.promote("risk", 2)
+            store.set_canary("risk", 1, 0.5)
+            store.promote("risk", 1)
+            time.sleep(0.005)
+    stop.set()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert seen == {V1_TEXT, V2_TEXT}
