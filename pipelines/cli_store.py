@@ -1,0 +1,260 @@
+"""``tune-prompts store ...``: inspect versions, promote, roll back, label, and route canary traffic.
+
+    tune-prompts store list [TASK]                  tasks, or one task's versions
+    tune-prompts store show VERSION                 one version: template, scores, latency, gate reasons
+    tune-prompts store diff VERSION VERSION         template diff and score deltas
+    tune-prompts store promote TASK VERSION [--force]
+    tune-prompts store rollback TASK
+    tune-prompts store label TASK LABEL VERSION
+    tune-prompts store route TASK                   who gets what: production, canary, share, ramp
+    tune-prompts store route TASK --key user-17     which template this caller gets
+    tune-prompts store route TASK --canary VERSION [--share 0.05] [--ramp 0.05,0.2,1]
+    tune-prompts store route TASK --advance | --end
+
+VERSION is a version id or TASK@LABEL (``risk@production``). Every command takes ``--store URL``
+(default ``$TUNE_PROMPTS_HOME/store.sqlite``) and ``--json``. Errors print one line to stderr
+and exit with 2, having changed nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from templates.routing import BUCKETS, DEFAULT_RAMP, bucket, takes_canary
+from templates.store import StoreError, TemplateStore, Version, default_store_url
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add the ``store`` command to a CLI's subparsers; run the parsed args with ``run(args)``."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--store", metavar="URL", help="store URL (default: sqlite:///$TUNE_PROMPTS_HOME/store.sqlite)")
+    common.add_argument("--json", action="store_true", help="print machine-readable JSON")
+
+    parser = subparsers.add_parser("store", help="inspect and move template versions and labels")
+    commands = parser.add_subparsers(dest="store_command", required=True, metavar="COMMAND")
+
+    p = commands.add_parser("list", parents=[common], help="tasks, or the versions of one task")
+    p.add_argument("task", nargs="?")
+    p.set_defaults(store_handler=_list)
+
+    p = commands.add_parser("show", parents=[common], help="one version in full")
+    p.add_argument("version", help="version id or TASK@LABEL")
+    p.set_defaults(store_handler=_show)
+
+    p = commands.add_parser("diff", parents=[common], help="template diff and score deltas between two versions")
+    p.add_argument("a", help="version id or TASK@LABEL")
+    p.add_argument("b", help="version id or TASK@LABEL")
+    p.set_defaults(store_handler=_diff)
+
+    p = commands.add_parser("promote", parents=[common], help="make a version production (ends any canary)")
+    p.add_argument("task")
+    p.add_argument("version", help="version id or TASK@LABEL")
+    p.add_argument("--force", action="store_true", help="promote a version the gate refused or never saw")
+    p.set_defaults(store_handler=_promote)
+
+    p = commands.add_parser("rollback", parents=[common], help="production back to the version before the last promotion")
+    p.add_argument("task")
+    p.set_defaults(store_handler=_rollback)
+
+    p = commands.add_parser("label", parents=[common], help="point a label such as staging at a version")
+    p.add_argument("task")
+    p.add_argument("label")
+    p.add_argument("version", help="version id or TASK@LABEL")
+    p.set_defaults(store_handler=_label)
+
+    p = commands.add_parser("route", parents=[common], help="show or change canary routing")
+    p.add_argument("task")
+    action = p.add_mutually_exclusive_group()
+    action.add_argument("--key", help="show which template this caller key gets")
+    action.add_argument("--canary", metavar="VERSION", help="start (or move) a canary on this version")
+    action.add_argument("--advance", action="store_true", help="move the canary share to the ramp's next step")
+    action.add_argument("--end", action="store_true", help="stop the canary; everyone gets production")
+    p.add_argument("--share", type=float, help="canary share with --canary, 0..1 (default: the ramp's first step)")
+    p.add_argument("--ramp", type=_ramp, help="canary ramp with --canary, e.g. 0.05,0.2,1 (default: 0.05,0.2,1)")
+    p.set_defaults(store_handler=_route)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run a parsed ``store`` command; 0 on success, 2 on an error (printed to stderr)."""
+    try:
+        with TemplateStore(args.store or default_store_url(), create=False) as store:
+            args.store_handler(store, args)
+    except StoreError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _ramp(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(step) for step in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of fractions, e.g. 0.05,0.2,1") from None
+
+
+def _resolve(store: TemplateStore, ref: str) -> Version:
+    """A version from an id or TASK@LABEL."""
+    if "@" in ref:
+        task, label = ref.split("@", 1)
+        version = store.get_label(task, label)
+        if version is None:
+            raise StoreError(f"task {task!r} has no label {label!r}; its labels are {sorted(store.labels(task)) or 'none'}")
+        return version
+    if not ref.isdigit():
+        raise StoreError(f"{ref!r} is not a version: give a version id such as 7, or TASK@LABEL such as risk@production")
+    return store.get_version(int(ref))
+
+
+def _known_task(store: TemplateStore, task: str) -> None:
+    tasks = store.tasks()
+    if task not in tasks:
+        raise StoreError(f"unknown task {task!r}; the store has {', '.join(tasks) or 'no tasks yet'}")
+
+
+def _table(headers: list[str], rows: list[list]) -> str:
+    cells = [headers] + [["-" if c is None else str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells)
+
+
+def _figures(figures: dict) -> str:
+    return " ".join(f"{k}={v:.4g}" for k, v in figures.items())
+
+
+def _gate(version: Version) -> str:
+    return "-" if version.decision is None else "promote" if version.decision.promote else "refuse"
+
+
+def _print(args: argparse.Namespace, data: object, text: str) -> None:
+    print(json.dumps(data, indent=2) if args.json else text)
+
+
+def _list(store: TemplateStore, args: argparse.Namespace) -> None:
+    if args.task is None:
+        rows = []
+        for task in store.tasks():
+            labels, canary = store.labels(task), store.canary(task)
+            rows.append({
+                "task": task,
+                "versions": len(store.list_versions(task)),
+                "labels": labels,
+                "canary_share": None if canary is None else canary.share,
+            })
+        _print(args, rows, _table(
+            ["TASK", "VERSIONS", "PRODUCTION", "CANARY", "LABELS"],
+            [[r["task"], r["versions"], r["labels"].get("production"),
+              None if r["canary_share"] is None else f"{r['labels']['canary']} at {r['canary_share']:.0%}",
+              " ".join(f"{k}={v}" for k, v in r["labels"].items())] for r in rows],
+        ))
+        return
+    _known_task(store, args.task)
+    versions, labels = store.list_versions(args.task), store.labels(args.task)
+    by_version: dict[int, list[str]] = {}
+    for label, version_id in labels.items():
+        by_version.setdefault(version_id, []).append(label)
+    _print(
+        args,
+        [{**v.to_dict(), "labels": by_version.get(v.id, [])} for v in versions],
+        _table(
+            ["ID", "HASH", "PARENT", "RUN", "GATE", "LABELS", "CREATED", "TEST SCORES"],
+            [[v.id, v.content_hash, v.parent_id, v.run_id, _gate(v), ",".join(by_version.get(v.id, [])) or None,
+              v.created_at[:19], _figures(v.scores.get("test", {})) or None] for v in versions],
+        ),
+    )
+
+
+def _show(store: TemplateStore, args: argparse.Namespace) -> None:
+    v = _resolve(store, args.version)
+    labels = [label for label, version_id in store.labels(v.task).items() if version_id == v.id]
+    fields = [
+        ("version", f"{v.id} ({v.content_hash})"),
+        ("task", v.task),
+        ("labels", ", ".join(labels) or "-"),
+        ("parent", "-" if v.parent_id is None else v.parent_id),
+        ("run", v.run_id or "-"),
+        ("created", v.created_at),
+        ("variables", ", ".join(v.template.variables)),
+        ("dev scores", _figures(v.scores.get("dev", {})) or "-"),
+        ("test scores", _figures(v.scores.get("test", {})) or "-"),
+        ("latency", _figures(v.latency) or "-"),
+        ("gate", _gate(v)),
+    ]
+    lines = [f"{name:<13}{value}" for name, value in fields]
+    lines += [f"  {reason}" for reason in (v.decision.reasons if v.decision else ())]
+    lines += ["template:", *[f"  {line}" for line in v.template.text.splitlines()]]
+    _print(args, {**v.to_dict(), "labels": labels}, "\n".join(lines))
+
+
+def _diff(store: TemplateStore, args: argparse.Namespace) -> None:
+    result = store.diff(_resolve(store, args.a).id, _resolve(store, args.b).id)
+    rows = [[split, name, delta if delta is None else f"{delta:+.4g}"]
+            for split, deltas in result["score_deltas"].items() for name, delta in deltas.items()]
+    rows += [["latency", name, delta if delta is None else f"{delta:+.4g}"]
+             for name, delta in result["latency_deltas"].items()]
+    text = (result["text_diff"] or f"(templates of {result['a']} and {result['b']} are identical)") + "\n\n" + _table(
+        ["SPLIT", "FIGURE", f"DELTA ({result['b']} - {result['a']})"], rows)
+    _print(args, result, text)
+
+
+def _promote(store: TemplateStore, args: argparse.Namespace) -> None:
+    before = store.labels(args.task)
+    version = store.promote(args.task, _resolve(store, args.version).id, force=args.force)
+    ended = "canary" in before
+    _print(
+        args,
+        {"task": args.task, "production": version.id, "previous": before.get("production"), "canary_ended": ended,
+         "forced": args.force},
+        f"{args.task}: production {before.get('production', '-')} -> {version.id}"
+        + (" (forced past the gate)" if args.force else "") + (f"; canary {before['canary']} ended" if ended else ""),
+    )
+
+
+def _rollback(store: TemplateStore, args: argparse.Namespace) -> None:
+    _known_task(store, args.task)
+    before = store.labels(args.task).get("production")
+    version = store.rollback(args.task)
+    _print(args, {"task": args.task, "production": version.id, "previous": before},
+           f"{args.task}: production rolled back {before} -> {version.id}")
+
+
+def _label(store: TemplateStore, args: argparse.Namespace) -> None:
+    version = _resolve(store, args.version)
+    store.set_label(args.task, args.label, version.id)
+    _print(args, {"task": args.task, "label": args.label, "version": version.id},
+           f"{args.task}: {args.label} -> {version.id}")
+
+
+def _route(store: TemplateStore, args: argparse.Namespace) -> None:
+    _known_task(store, args.task)
+    if args.canary is not None:
+        store.set_canary(args.task, _resolve(store, args.canary).id, args.share, args.ramp or DEFAULT_RAMP)
+    elif args.advance:
+        store.advance_canary(args.task)
+    elif args.end:
+        store.end_canary(args.task)
+    elif args.share is not None or args.ramp is not None:
+        raise StoreError("--share and --ramp set up a canary: use them with --canary VERSION")
+    production, canary = store.get_label(args.task, "production"), store.canary(args.task)
+    state = {
+        "task": args.task,
+        "production": None if production is None else production.id,
+        "canary": None if canary is None else {"version": canary.version_id, "share": canary.share,
+                                               "ramp": list(canary.ramp)},
+    }
+    text = f"{args.task}: production {state['production'] or '-'}; " + (
+        "no canary" if canary is None else
+        f"canary {canary.version_id} gets {canary.share:.0%} (ramp {', '.join(f'{s:.0%}' for s in canary.ramp)})"
+    )
+    if args.key is not None:
+        to_canary = canary is not None and takes_canary(args.task, args.key, canary.share)
+        if not to_canary and production is None:
+            raise StoreError(f"task {args.task!r} has no production template; promote a version first")
+        cut = 0 if canary is None else round(canary.share * BUCKETS)
+        state |= {"key": args.key, "bucket": bucket(args.task, args.key), "route": "canary" if to_canary else "production",
+                  "version": canary.version_id if to_canary else production.id}
+        text = (f"{args.key} -> {state['route']} (version {state['version']}; bucket {state['bucket']} "
+                f"{'<' if to_canary else '>='} {cut} of {BUCKETS})\n{text}")
+    _print(args, state, text)
