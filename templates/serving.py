@@ -1,8 +1,10 @@
 """The reader applications use: cached templates by label, sticky canary routing, rendering.
 
-Freshness: on access, at most once every ``refresh_s`` (monotonic clock), the reader asks the
-store for its change counter (one indexed ``max(seq)`` query, a few microseconds) and drops its
-cache when the counter moved. Between checks a lookup is a clock read and a dict lookup. This
+Two caches. Compiled templates are kept by version id for the reader's lifetime: versions never
+change, so these never go stale, and a promotion, rollback or label move to a version the reader
+has seen costs no recompiling. Which version each label (and the canary) points at is kept per
+task and dropped when the store's change counter moves. Freshness: on access, at most once every
+``refresh_s`` (monotonic clock), the reader reads that counter (one indexed ``max(seq)`` query). Between checks a lookup is a clock read and a dict lookup. This
 was chosen over a background thread because it needs no thread lifecycle or shutdown, costs
 nothing for an idle reader, and a reader that is not being asked has nobody to serve stale
 templates to; with the default 0.2 s a change is visible within 0.2 s plus one query.
@@ -17,9 +19,12 @@ import threading
 from time import monotonic
 from typing import Any, Mapping
 
-from templates.routing import takes_canary
+from templates.routing import Canary, takes_canary
 from templates.store import StoreError, TemplateStore
 from templates.template import Template
+
+_NO_CANARY = Canary(0, 0.0)  # cached for a task without a canary: share 0 routes nobody
+
 
 class TemplateReader:
     """Read-only, cached access to a store's labelled templates; safe to share between threads."""
@@ -31,8 +36,9 @@ class TemplateReader:
         self._refresh_s = refresh_s
         self._next_check_s = 0.0  # monotonic time of the next change-counter check
         self._generation: int | None = None
-        self._templates: dict[tuple[str, str], Template] = {}  # (task, label) -> compiled template
-        self._canaries: dict[str, tuple[float, Template | None]] = {}  # task -> (canary share, canary template)
+        self._compiled: dict[int, Template] = {}  # version id -> template; never stale
+        self._label_ids: dict[tuple[str, str], int] = {}  # (task, label) -> version id; dropped on change
+        self._canaries: dict[str, Canary] = {}  # task -> canary or _NO_CANARY; dropped on change
         # Refreshes and loads take the lock so that a load begun before a change cannot put its
         # stale result into the cache after the refresh emptied it. Cached lookups do not take it.
         self._lock = threading.Lock()
@@ -41,10 +47,18 @@ class TemplateReader:
         """The template ``label`` points at for ``task``."""
         if monotonic() >= self._next_check_s:
             self._refresh()
-        template = self._templates.get((task, label))
-        if template is None:
-            template = self._load(task, label)
-        return template
+        version_id = self._label_ids.get((task, label))
+        if version_id is None:
+            with self._lock:
+                version_id = self._store.label_target(task, label)
+                if version_id is None:
+                    raise StoreError(
+                        f"task {task!r} has no {label!r} template; its labels are "
+                        f"{sorted(self._store.labels(task)) or 'none'}: promote a version "
+                        f"(tune-prompts store promote {task} VERSION) or pick another label"
+                    )
+                self._label_ids[(task, label)] = version_id
+        return self._compiled.get(version_id) or self._compile(version_id)
 
     def for_caller(self, task: str, key: str) -> Template:
         """The production or canary template for this caller, by sticky routing on ``key``."""
@@ -53,14 +67,10 @@ class TemplateReader:
         canary = self._canaries.get(task)
         if canary is None:
             with self._lock:
-                state = self._store.canary(task)
-                # By version id, not by label: versions never change, so the share and the template
-                # cached here always belong together even if the canary moves meanwhile.
-                canary = (state.share, self._store.get_version(state.version_id).template) if state else (0.0, None)
-                self._canaries[task] = canary
-        share, template = canary
-        if template is not None and takes_canary(task, key, share):
-            return template
+                canary = self._canaries[task] = self._store.canary(task) or _NO_CANARY
+        # The canary row carries its version id with its share, so the two always belong together.
+        if canary.share and takes_canary(task, key, canary.share):
+            return self._compiled.get(canary.version_id) or self._compile(canary.version_id)
         return self.get(task)
 
     def render(self, task: str, values: Mapping[str, Any], *, label: str | None = None, key: str | None = None) -> str:
@@ -78,18 +88,12 @@ class TemplateReader:
             generation = self._store.generation()
             if generation != self._generation:
                 # New dicts rather than clear(): a lookup running now keeps a consistent old one.
-                self._templates, self._canaries = {}, {}
+                self._label_ids, self._canaries = {}, {}
                 self._generation = generation
             self._next_check_s = monotonic() + self._refresh_s
 
-    def _load(self, task: str, label: str) -> Template:
-        with self._lock:
-            version = self._store.get_label(task, label)
-            if version is None:
-                known = self._store.labels(task)
-                raise StoreError(
-                    f"task {task!r} has no {label!r} template; its labels are {sorted(known) or 'none'}: "
-                    f"promote a version (tune-prompts store promote {task} VERSION) or pick another label"
-                )
-            self._templates[(task, label)] = version.template
-            return version.template
+    def _compile(self, version_id: int) -> Template:
+        # No lock: two threads compiling the same immutable version store equal values.
+        template = self._store.get_template(version_id)
+        self._compiled[version_id] = template
+        return template

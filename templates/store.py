@@ -342,6 +342,13 @@ class TemplateStore:
             raise StoreError(f"no version {version_id} in the store at {self._path}; `tune-prompts store list` shows them")
         return _version_from_row(rows[0])
 
+    def get_template(self, version_id: int) -> Template:
+        """A version's template alone: what serving needs, without decoding scores and the decision."""
+        rows = self._query("SELECT template FROM versions WHERE id = ?", (version_id,))
+        if not rows:
+            raise StoreError(f"no version {version_id} in the store at {self._path}; `tune-prompts store list` shows them")
+        return Template.from_dict(json.loads(rows[0][0]))
+
     def list_versions(self, task: str) -> list[Version]:
         """A task's versions, oldest first; empty for an unknown task."""
         rows = self._query(f"SELECT {_VERSION_COLUMNS} FROM versions WHERE task = ? ORDER BY id", (task,))
@@ -401,21 +408,21 @@ class TemplateStore:
             self._version_for_task(conn, task, version_id)
             self._move(conn, task, label, version_id, "set")
 
+    def label_target(self, task: str, label: str) -> int | None:
+        """The id of the version ``label`` points at for ``task``, or None; one indexed lookup."""
+        rows = self._query(_CURRENT, (task, label))
+        return rows[0][0] if rows else None
+
     def get_label(self, task: str, label: str) -> Version | None:
-        # LEFT JOIN: the newest row decides, even when it removed the label (version_id NULL).
-        rows = self._query(
-            f"SELECT h.version_id, {', '.join('v.' + c for c in _COLUMNS)}"
-            " FROM label_history h LEFT JOIN versions v ON v.id = h.version_id"
-            " WHERE h.task = ? AND h.label = ? ORDER BY h.seq DESC LIMIT 1",
-            (task, label),
-        )
-        return _version_from_row(rows[0][1:]) if rows and rows[0][0] is not None else None
+        version_id = self.label_target(task, label)
+        return None if version_id is None else self.get_version(version_id)  # versions never change: no race
 
     def labels(self, task: str) -> dict[str, int]:
         """Every label of ``task`` that points at a version now: label -> version id."""
         rows = self._query(
-            "SELECT h.label, h.version_id FROM label_history h WHERE h.task = ? AND h.seq ="
-            " (SELECT max(seq) FROM label_history WHERE task = h.task AND label = h.label) ORDER BY h.label",
+            "SELECT h.label, h.version_id FROM label_history h JOIN"
+            " (SELECT max(seq) AS seq FROM label_history WHERE task = ? GROUP BY label) newest ON newest.seq = h.seq"
+            " ORDER BY h.label",
             (task,),
         )
         return {label: version_id for label, version_id in rows if version_id is not None}

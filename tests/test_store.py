@@ -99,9 +99,16 @@ def test_bad_version_records_are_refused_and_nothing_is_written(store, kwargs, m
     assert store.list_versions("risk") == []
 
 
+def test_get_template_returns_just_the_compiled_template(store):
+    v = store.add_version("risk", Template.from_text("Just {text}"), scores={"dev": {"a": 0.5}})
+    assert store.get_template(v.id) == v.template
+
+
 def test_unknown_version_is_a_clear_error(store):
     with pytest.raises(StoreError, match="no version 42"):
         store.get_version(42)
+    with pytest.raises(StoreError, match="no version 42"):
+        store.get_template(42)
 
 
 @pytest.mark.parametrize(
@@ -194,7 +201,9 @@ def test_other_labels_move_with_set_label(store):
     store.set_label("risk", "shadow-2", v1)
     assert store.labels("risk") == {"shadow-2": v1, "staging": v2}
     assert store.get_label("risk", "staging").id == v2
-    assert store.get_label("risk", "nope") is None
+    assert store.label_target("risk", "staging") == v2
+    assert store.get_label("risk", "nope") is None and store.label_target("risk", "nope") is None
+    assert store.labels("summarize") == {}
 
 
 @pytest.mark.parametrize(
