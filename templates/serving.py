@@ -1,13 +1,15 @@
 """The reader applications use: cached templates by label, sticky canary routing, rendering.
 
 Two caches. Compiled templates are kept by version id for the reader's lifetime: versions never
-change, so these never go stale, and a promotion, rollback or label move to a version the reader
-has seen costs no recompiling. Which version each label (and the canary) points at is kept per
-task and dropped when the store's change counter moves. Freshness: on access, at most once every
-``refresh_s`` (monotonic clock), the reader reads that counter (one indexed ``max(seq)`` query). Between checks a lookup is a clock read and a dict lookup. This
-was chosen over a background thread because it needs no thread lifecycle or shutdown, costs
-nothing for an idle reader, and a reader that is not being asked has nobody to serve stale
-templates to; with the default 0.2 s a change is visible within 0.2 s plus one query.
+change, so these never go stale, and a promotion or rollback to a version the reader has seen
+costs no recompiling. Which version each label (and the canary) points at is kept per task and
+label, and dropped when the store's change counter moves.
+
+Freshness: on access, at most once every ``refresh_s`` (monotonic clock), the reader reads that
+counter (one indexed ``max(seq)`` query); between checks a lookup is a clock read and two dict
+lookups. This was chosen over a background thread because it needs no thread to start, stop or
+fork around, costs nothing for an idle reader, and a reader nobody asks has nobody to serve a
+stale template to. With the default 0.2 s a change is visible within 0.2 s plus one query.
 
 A reader never sees a half-written version: every store write is one transaction, and a
 reader's query sees the store either before or after it (WAL gives readers a snapshot).
@@ -27,7 +29,10 @@ _NO_CANARY = Canary(0, 0.0)  # cached for a task without a canary: share 0 route
 
 
 class TemplateReader:
-    """Read-only, cached access to a store's labelled templates; safe to share between threads."""
+    """Read-only, cached access to a store's labelled templates; safe to share between threads.
+
+    Create it after forking worker processes: an SQLite connection must not cross a fork.
+    """
 
     def __init__(self, store_url: str, refresh_s: float = 0.2, *, busy_timeout_s: float = 5.0) -> None:
         if not refresh_s > 0:

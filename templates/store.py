@@ -44,8 +44,10 @@ SCHEMA_VERSION = 1
 LABEL_NAME = re.compile(r"[a-z][a-z0-9_-]*")
 SPLITS = ("dev", "test")
 
-# SQLite DDL. A PostgreSQL schema will need its own trigger syntax; the queries below stay
-# standard SQL (qmark parameters, RETURNING, no INSERT OR REPLACE) so they can be shared.
+# SQLite DDL. PostgreSQL will need its own DDL (trigger functions) and %s parameters, both to be
+# handled next to _connect; the queries stay standard SQL (RETURNING, no INSERT OR REPLACE, no
+# SQLite functions) so they can be shared. Statements are split on ";\n" and run one by one
+# because executescript() would COMMIT the surrounding BEGIN IMMEDIATE.
 _SCHEMA = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE versions (
