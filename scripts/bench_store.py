@@ -1,0 +1,128 @@
+"""Benchmark the template store's serving path on a temporary SQLite store.
+
+    python scripts/bench_store.py [--calls 100000] [--promotions 20]
+
+Prints p50/p99 of a cached lookup+render, of a routing decision, of the first lookup after a
+change (the "hot load": change-counter and label queries, plus fetch and compile for a version
+the reader has not seen), and the time from a promotion in one process to its
+visibility in a reader in another process, each next to its target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from templates.gate import Decision, percentile  # noqa: E402
+from templates.routing import takes_canary  # noqa: E402
+from templates.serving import TemplateReader  # noqa: E402
+from templates.store import TemplateStore  # noqa: E402
+from templates.template import Template  # noqa: E402
+
+TEXT = (
+    "You are a compliance analyst. Read the customer message below and decide whether it describes a "
+    "financial risk (fraud, chargeback, account takeover, sanctions) or not.\n"
+    "Answer with exactly one word, {label_a} or {label_b}.\n\nMessage:\n{text}\n\nAnswer:"
+)
+VALUES = {"label_a": "risk", "label_b": "safe", "text": "Someone used my card in another country an hour ago."}
+
+# Runs in another process: promote on each line from stdin and print when the promotion started.
+PROMOTER = """
+import sys, time
+from templates.store import TemplateStore
+store = TemplateStore(sys.argv[1])
+for i, _ in enumerate(sys.stdin):
+    started_ns = time.monotonic_ns()
+    store.promote("risk", 2 if i % 2 == 0 else 1)
+    print(started_ns, flush=True)
+"""
+
+
+def timed_us(call, n: int) -> list[float]:
+    samples = []
+    for _ in range(n):
+        start = time.perf_counter_ns()
+        call()
+        samples.append((time.perf_counter_ns() - start) / 1000)
+    return samples
+
+
+def report(name: str, samples: list[float], unit: str, target: str) -> None:
+    print(f"{name:<37} p50 {percentile(samples, 50):9.2f} {unit}   p99 {percentile(samples, 99):9.2f} {unit}"
+          f"   n={len(samples):<7} {target}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=100_000, help="timed calls per hot-path figure")
+    parser.add_argument("--promotions", type=int, default=20, help="cross-process promotions to time")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        url = f"sqlite:///{tmp}/store.sqlite"
+        store = TemplateStore(url)
+        passed = Decision(True, ("pass: benchmark",))
+        v1 = store.add_version("risk", Template.from_text(TEXT), decision=passed)
+        v2 = store.add_version("risk", Template.from_text(TEXT.replace("compliance", "fraud")), decision=passed)
+        store.promote("risk", v1.id)
+        store.set_canary("risk", v2.id, 0.05)
+        print(f"store benchmark: SQLite {sqlite3.sqlite_version}, Python {sys.version.split()[0]}, "
+              f"template {len(TEXT)} chars / 3 variables")
+
+        reader = TemplateReader(url)  # the default refresh_s=0.2
+        reader.render("risk", VALUES)
+        report("cached lookup+render (production)", timed_us(lambda: reader.render("risk", VALUES), args.calls),
+               "us", "aim: p99 < 20 us")
+        keys = [f"user-{i}" for i in range(args.calls)]
+        it = iter(keys)
+        report("for_caller lookup+render (A/B)",
+               timed_us(lambda: reader.render("risk", VALUES, key=next(it)), args.calls), "us", "aim: p99 < 20 us")
+        it = iter(keys)
+        report("routing decision (takes_canary)", timed_us(lambda: takes_canary("risk", next(it), 0.05), args.calls),
+               "us", "(part of for_caller)")
+
+        # The first lookup after a change: change-counter query and label query, plus fetching and
+        # compiling the template when the label now points at a version this reader has not seen.
+        cold = TemplateReader(url, refresh_s=1e-9)
+        seen, unseen = [], []
+        for i in range(200):
+            store.set_label("risk", "staging", v1.id if i % 2 else v2.id)
+            seen += timed_us(lambda: cold.get("risk", "staging"), 1)
+            new = store.add_version("risk", Template.from_text(f"{TEXT} ({i})"), decision=passed)
+            store.set_label("risk", "staging", new.id)
+            unseen += timed_us(lambda: cold.get("risk", "staging"), 1)
+        report("hot load: label moved, seen version", seen, "us", "design anchor: < 80 us")
+        report("hot load: label moved, new version", unseen, "us", "design anchor: < 80 us")
+
+        # Promotion in another process -> visible to this process's reader (default refresh_s=0.2).
+        child = subprocess.Popen([sys.executable, "-c", PROMOTER, url], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True, env={"PYTHONPATH": str(REPO)})
+        visible_ms = []
+        for _ in range(args.promotions):
+            time.sleep(random.uniform(0, 0.2))  # land promotions at random points of the refresh cycle
+            before = reader.get("risk").text
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            while reader.get("risk").text == before:
+                time.sleep(0.0002)  # a busy service: a lookup every 0.2 ms
+            seen_ns = time.monotonic_ns()
+            visible_ms.append((seen_ns - int(child.stdout.readline())) / 1e6)
+        child.stdin.close()
+        child.wait(timeout=30)
+        report("promotion -> visible (other process)", visible_ms, "ms", "target: < 1000 ms")
+        reader.close()
+        cold.close()
+        store.close()
+
+
+if __name__ == "__main__":
+    main()
