@@ -1,0 +1,763 @@
+"""The policy update: the one module in the project that imports openrlhf.
+
+What runs here, and whose code it is:
+
+* openrlhf's own code, used for real: ``Actor`` (log-probs of the response tokens, temperature-scaled like
+  the sampler), ``compute_approx_kl``, ``PolicyLoss`` (clipped PPO), ``ValueLoss`` (clipped value loss),
+  ``masked_mean``, ``AdaptiveKLController`` / ``FixedKLController``, and
+  ``RemoteExperienceMaker.compute_advantages_and_returns`` for every advantage estimator openrlhf offers
+  (GAE, REINFORCE and the group baselines), which itself calls openrlhf's ``compute_reward`` (reward on the
+  last response token, minus the KL penalty on every token). That method lives on a class whose constructor
+  wants Ray actor groups; our ``compute_advantages_and_returns`` calls it unmodified on an instance made
+  without its constructor, with exactly the attributes the method reads (see there).
+* Written here because openrlhf's versions need CUDA, DeepSpeed or Ray on every step: the LoRA policy with
+  its reference (the same weights with the adapter switched off), the value head, sampling with HF
+  ``generate``, the minibatch loop with plain AdamW, and checkpoints.
+* ``build_train_ppo_ray_command`` / ``parse_train_ppo_ray_args``: the command for the same job at scale
+  on a GPU Ray cluster (vLLM rollouts, DeepSpeed), checked by openrlhf's real argument parser.
+
+openrlhf 0.11.2 imports ``flash_attn`` and ``vllm`` at module level in modules we need, and neither
+installs on a CPU machine. ``install_cpu_stand_ins`` registers minimal stand-ins for them in
+``sys.modules``, only where the real package is missing, before openrlhf is imported. Nothing here
+runs on import: openrlhf, peft and transformers are imported on first use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import dataclasses
+import importlib
+import importlib.machinery
+import importlib.util
+import inspect
+import io
+import logging
+import math
+import sys
+import time
+import types
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+log = logging.getLogger(__name__)
+
+TRAIN_PPO_RAY_MODULE = "openrlhf.cli.train_ppo_ray"
+
+# The estimators that openrlhf's compute_advantages_and_returns implements (its CLI choices).
+ADVANTAGE_ESTIMATORS = ("gae", "reinforce", "rloo", "reinforce_baseline", "group_norm", "dr_grpo", "flash_reinforce")
+# These subtract a baseline computed over the samples of one prompt (consecutive rows of a batch).
+GROUP_ESTIMATORS = ("rloo", "reinforce_baseline", "group_norm", "dr_grpo")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+
+# Attributes the learner reads from its config (a PPOConfig or anything with these names):
+PPO_CONFIG_FIELDS = {
+    "advantage_estimator": "one of " + ", ".join(ADVANTAGE_ESTIMATORS),
+    "gamma": "discount; must be 1.0 for every estimator but gae and reinforce (openrlhf forces it)",
+    "lambd": "GAE lambda",
+    "clip_eps": "PPO ratio clip range",
+    "value_clip_eps": "value clip range, or None for an unclipped value loss",
+    "kl_coef": "initial coefficient of the KL penalty in the reward",
+    "kl_target": "None for a fixed coefficient, else the target KL of the adaptive controller",
+    "kl_horizon": "horizon of the adaptive KL controller, in samples",
+    "kl_estimator": "k1, k2 or k3",
+    "ppo_epochs": "passes over each rollout batch",
+    "minibatch_size": "samples per optimizer step",
+    "lr": "AdamW learning rate of the LoRA adapter",
+    "critic_lr": "AdamW learning rate of the value head",
+    "max_grad_norm": "gradient clipping, per optimizer step",
+    "lora_rank": "LoRA rank",
+    "lora_alpha": "LoRA alpha",
+    "lora_target_modules": "module names that get a LoRA adapter, e.g. q_proj, k_proj, v_proj, o_proj",
+    "n_samples_per_prompt": "samples per prompt, consecutive rows of a batch (the group of the group estimators)",
+    "reward_clip_range": "(low, high) applied to the rewards before the KL penalty",
+    "seed": "seed of the minibatch shuffling",
+}
+
+
+# --------------------------------------------------------------------------------------------------
+# CPU stand-ins for flash_attn and vllm
+# --------------------------------------------------------------------------------------------------
+
+
+class StandInError(RuntimeError):
+    """Raised when code reaches a part of flash_attn or vllm that the CPU stand-ins do not provide."""
+
+
+def _needs_gpu(qualname: str, package: str):
+    def unavailable(*args: Any, **kwargs: Any):
+        raise StandInError(
+            f"{qualname} needs the real {package} package on a CUDA GPU; this process has only the CPU "
+            f"import stand-in from pipelines.openrlhf_adapter. Run this path on a GPU machine with {package} installed."
+        )
+
+    unavailable.__name__ = unavailable.__qualname__ = qualname.rsplit(".", 1)[-1]
+    return unavailable
+
+
+def _index_first_axis(tensor: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """flash_attn.bert_padding.index_first_axis: rows ``indices`` of ``tensor`` (autograd by plain indexing)."""
+    return tensor[indices]
+
+
+def _unpad_input(hidden_states: torch.Tensor, attention_mask: torch.Tensor, unused_mask: torch.Tensor | None = None):
+    """flash_attn 2.8's unpad_input: (tokens, indices, cu_seqlens, max_seqlen, used_seqlens), pure torch."""
+    all_masks = attention_mask + unused_mask if unused_mask is not None else attention_mask
+    seqlens = all_masks.sum(dim=-1, dtype=torch.int32)
+    used_seqlens = attention_mask.sum(dim=-1, dtype=torch.int32)
+    indices = torch.nonzero(all_masks.flatten(), as_tuple=False).flatten()
+    cu_seqlens = torch.nn.functional.pad(torch.cumsum(seqlens, dim=0, dtype=torch.int32), (1, 0))
+    flat = hidden_states.reshape(-1, *hidden_states.shape[2:])
+    return flat[indices], indices, cu_seqlens, int(seqlens.max().item()), used_seqlens
+
+
+def _pad_input(hidden_states: torch.Tensor, indices: torch.Tensor, batch: int, seqlen: int) -> torch.Tensor:
+    """flash_attn.bert_padding.pad_input: scatter unpadded tokens back to (batch, seqlen, ...), zeros elsewhere."""
+    out = hidden_states.new_zeros(batch * seqlen, *hidden_states.shape[1:])
+    out[indices] = hidden_states
+    return out.reshape(batch, seqlen, *hidden_states.shape[1:])
+
+
+def _stand_in(name: str, doc: str, attrs: dict[str, Any], package: bool = False) -> types.ModuleType:
+    module = types.ModuleType(name, doc)
+    # A real spec keeps importlib.util.find_spec() working; an empty __path__ makes any submodule we
+    # do not define an ImportError, so optional imports (flash_attn.ops.triton...) take their fallback.
+    module.__spec__ = importlib.machinery.ModuleSpec(name, loader=None, is_package=package)
+    if package:
+        module.__path__ = []
+    module.__cpu_stand_in__ = True
+    module.__dict__.update(attrs)
+    return module
+
+
+def _stand_in_modules() -> dict[str, types.ModuleType]:
+    from einops import rearrange  # what flash_attn.bert_padding re-exports; an openrlhf dependency
+
+    fa, vl = "flash-attn", "vllm"
+    return {
+        # openrlhf/models/ring_attn_utils.py imports these at module level; they are used only for packed
+        # samples and ring attention, which need flash-attn kernels anyway.
+        "flash_attn": _stand_in("flash_attn", "CPU import stand-in for flash-attn.", {}, package=True),
+        "flash_attn.bert_padding": _stand_in(
+            "flash_attn.bert_padding",
+            "Pure-torch padding helpers with flash-attn 2.8's signatures.",
+            {
+                "index_first_axis": _index_first_axis,
+                "pad_input": _pad_input,
+                "unpad_input": _unpad_input,
+                "rearrange": rearrange,
+            },
+        ),
+        "flash_attn.utils": _stand_in("flash_attn.utils", "CPU import stand-in.", {}, package=True),
+        "flash_attn.utils.distributed": _stand_in(
+            "flash_attn.utils.distributed",
+            "CPU import stand-in: collective ops need flash-attn on GPUs.",
+            {"all_gather": _needs_gpu("flash_attn.utils.distributed.all_gather", fa)},
+        ),
+        # openrlhf's Ray trainer, experience maker and CLI import vllm at module level; generation with
+        # vLLM engines is the GPU path. Every name they import exists here and raises when called.
+        "vllm": _stand_in(
+            "vllm",
+            "CPU import stand-in for vllm; every use raises.",
+            {
+                "SamplingParams": _needs_gpu("vllm.SamplingParams", vl),
+                "AsyncEngineArgs": _needs_gpu("vllm.AsyncEngineArgs", vl),
+                "AsyncLLMEngine": _needs_gpu("vllm.AsyncLLMEngine", vl),
+                "LLM": _needs_gpu("vllm.LLM", vl),
+            },
+            package=True,
+        ),
+        "vllm.inputs": _stand_in(
+            "vllm.inputs", "CPU import stand-in.", {"TokensPrompt": _needs_gpu("vllm.inputs.TokensPrompt", vl)}
+        ),
+        "vllm.utils": _stand_in(
+            "vllm.utils", "CPU import stand-in.", {"random_uuid": _needs_gpu("vllm.utils.random_uuid", vl)}
+        ),
+    }
+
+
+def install_cpu_stand_ins() -> list[str]:
+    """Register the flash_attn / vllm stand-ins for each top-level package that is not installed.
+
+    Idempotent; a real installation is never shadowed. Returns the module names registered by this call.
+    """
+    installed = []
+    for top in ("flash_attn", "vllm"):
+        if importlib.util.find_spec(top) is not None:  # the real package, or our stand-in from an earlier call
+            continue
+        for name, module in _stand_in_modules().items():
+            if name == top or name.startswith(top + "."):
+                sys.modules[name] = module
+                installed.append(name)
+    if installed:
+        log.info("CPU import stand-ins registered for: %s", ", ".join(installed))
+    return installed
+
+
+def _openrlhf() -> types.SimpleNamespace:
+    """The openrlhf pieces the learner uses, imported once the stand-ins are in place."""
+    install_cpu_stand_ins()
+    from openrlhf.models import Actor, PolicyLoss, ValueLoss
+    from openrlhf.models.utils import compute_approx_kl, masked_mean
+    from openrlhf.trainer.ppo_utils import AdaptiveKLController, Experience, FixedKLController
+    from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
+    from openrlhf.utils.config import hierarchize
+
+    return types.SimpleNamespace(
+        Actor=Actor,
+        PolicyLoss=PolicyLoss,
+        ValueLoss=ValueLoss,
+        compute_approx_kl=compute_approx_kl,
+        masked_mean=masked_mean,
+        AdaptiveKLController=AdaptiveKLController,
+        FixedKLController=FixedKLController,
+        Experience=Experience,
+        RemoteExperienceMaker=RemoteExperienceMaker,
+        hierarchize=hierarchize,
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Rollouts
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutBatch:
+    """Sampled responses and the tensors the learner needs; B samples, T = P + R tokens.
+
+    ``sequences`` holds each prompt left-padded to P tokens, then R response slots; a response ends at its
+    first stop token (kept) and the slots after it hold the pad id. So the response tokens are always the
+    last R columns, which is where openrlhf's ``Actor`` reads action log-probs.
+    """
+
+    prompts: list[str]
+    texts: list[str]  # decoded responses, special tokens dropped
+    sequences: torch.Tensor  # (B, T) int64
+    attention_mask: torch.Tensor  # (B, T) int64: 1 on prompt tokens and on response tokens up to the stop token
+    action_mask: torch.Tensor  # (B, R) bool: the response tokens that were sampled (stop token included)
+    truncated: torch.Tensor  # (B,) bool: hit max_new_tokens before a stop token
+    temperature: float  # the sampling temperature; the learner scores log-probs at the same temperature
+    rewards: torch.Tensor | None = None  # (B,) float, one scalar per sample, set by the caller
+
+    def with_rewards(self, rewards: Sequence[float] | torch.Tensor) -> "RolloutBatch":
+        rewards = torch.as_tensor(rewards, dtype=torch.float32).reshape(-1)
+        if rewards.numel() != len(self.texts):
+            raise ValueError(f"got {rewards.numel()} rewards for {len(self.texts)} samples")
+        if not torch.isfinite(rewards).all():
+            raise ValueError(f"rewards must be finite (give invalid candidates a penalty instead): {rewards.tolist()}")
+        return dataclasses.replace(self, rewards=rewards)
+
+
+def _stop_token_ids(model, tokenizer) -> list[int]:
+    # The generation config names the chat end-of-turn token (<|im_end|> for SmolLM2); the GGUF-loaded
+    # tokenizer's own eos can differ, so both count as stops.
+    ids = model.generation_config.eos_token_id
+    ids = [ids] if isinstance(ids, int) else list(ids or [])
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(tokenizer.eos_token_id)
+    if not ids:
+        raise ValueError("neither the model's generation config nor the tokenizer names an end-of-sequence token")
+    return ids
+
+
+def sample(
+    model,
+    tokenizer,
+    prompts: list[str],
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    seed: int,
+) -> RolloutBatch:
+    """One sampled response per prompt (repeat a prompt to get several), each prompt in the chat template.
+
+    ``model`` is the policy (``PPOLearner.policy``). The global torch RNG is left as it was.
+    """
+    if temperature <= 0:
+        raise ValueError("temperature must be > 0: PPO needs sampled responses and their log-probs at that temperature")
+    if not prompts:
+        raise ValueError("no prompts to sample from")
+    stop_ids = _stop_token_ids(model, tokenizer)
+    pad_id = model.generation_config.pad_token_id
+    if pad_id is None:
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
+
+    encoded = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True, return_dict=True
+        )["input_ids"]
+        for p in prompts
+    ]
+    width = max(len(ids) for ids in encoded)
+    input_ids = torch.full((len(encoded), width), pad_id, dtype=torch.long)
+    prompt_mask = torch.zeros((len(encoded), width), dtype=torch.long)
+    for row, ids in enumerate(encoded):  # left padding: every response starts at column `width`
+        input_ids[row, width - len(ids) :] = torch.tensor(ids)
+        prompt_mask[row, width - len(ids) :] = 1
+
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(seed)
+        sequences = model.generate(
+            input_ids=input_ids,
+            attention_mask=prompt_mask,
+            do_sample=True,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=0,  # no top-k cut: only temperature and top_p shape the distribution, as in openrlhf's rollouts
+            max_new_tokens=max_new_tokens,
+            eos_token_id=stop_ids,
+            pad_token_id=pad_id,
+        )
+    response = sequences[:, width:]
+    is_stop = torch.isin(response, torch.tensor(stop_ids))
+    # Tokens up to and including the first stop token were sampled; what follows is padding.
+    action_mask = (is_stop.long().cumsum(dim=1) - is_stop.long()) == 0
+    texts = [tokenizer.decode(r[m], skip_special_tokens=True).strip() for r, m in zip(response, action_mask)]
+    return RolloutBatch(
+        prompts=list(prompts),
+        texts=texts,
+        sequences=sequences,
+        attention_mask=torch.cat([prompt_mask, action_mask.long()], dim=1),
+        action_mask=action_mask,
+        truncated=~is_stop.any(dim=1),
+        temperature=float(temperature),
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# The learner
+# --------------------------------------------------------------------------------------------------
+
+
+def _check_config(config) -> None:
+    missing = [name for name in PPO_CONFIG_FIELDS if not hasattr(config, name)]
+    if missing:
+        raise TypeError(
+            "the PPO config lacks " + ", ".join(missing) + "; it needs: "
+            + "; ".join(f"{k} ({v})" for k, v in PPO_CONFIG_FIELDS.items())
+        )
+    problems = []
+    if config.advantage_estimator not in ADVANTAGE_ESTIMATORS:
+        problems.append(f"advantage_estimator {config.advantage_estimator!r} is not one of {ADVANTAGE_ESTIMATORS}")
+    if config.advantage_estimator in GROUP_ESTIMATORS and config.n_samples_per_prompt < 2:
+        problems.append(f"advantage_estimator {config.advantage_estimator!r} needs n_samples_per_prompt >= 2")
+    if config.advantage_estimator not in ("gae", "reinforce") and config.gamma != 1.0:
+        problems.append(f"gamma must be 1.0 with advantage_estimator {config.advantage_estimator!r}")
+    if config.kl_estimator not in KL_ESTIMATORS:
+        problems.append(f"kl_estimator {config.kl_estimator!r} is not one of {KL_ESTIMATORS}")
+    for name in ("ppo_epochs", "minibatch_size", "lora_rank", "n_samples_per_prompt"):
+        if getattr(config, name) < 1:
+            problems.append(f"{name} must be >= 1")
+    if problems:
+        raise ValueError("PPO config: " + "; ".join(problems))
+
+
+class PPOLearner:
+    """PPO on a LoRA adapter of a causal LM, with openrlhf's losses, KL penalty and advantage estimators.
+
+    * Policy: ``model`` (bf16) gets LoRA adapters (peft) on ``config.lora_target_modules``. The adapter weights
+      are fp32 while the base stays bf16: an update of lr * ~1 on a bf16 weight of size ~1 would mostly round
+      away (bf16 keeps 8 bits of mantissa); fp32 adapters keep every small step. Only the adapter trains.
+      The learner takes ownership of ``model`` (peft injects the adapter layers into it).
+    * Reference for the KL penalty: the same weights with the adapter disabled (``disable_adapter()``), i.e. the
+      frozen starting policy, without a second copy of the weights.
+    * Critic (GAE only): a fp32 value head (LayerNorm + Linear, zero-initialised so the first values are 0) on the
+      reference pass's detached last hidden states. The features are fixed per rollout, so the critic is cheap
+      to train for several epochs; it learns a value function over frozen features rather than a full critic LM.
+    * The model stays in eval mode: no dropout, so the first PPO ratio is exactly 1 (the usual RLHF practice).
+    """
+
+    def __init__(self, model, config) -> None:
+        _check_config(config)
+        import peft
+
+        self.config = config
+        self._orl = _openrlhf()
+        lora = peft.LoraConfig(
+            task_type=peft.TaskType.CAUSAL_LM,
+            r=config.lora_rank,
+            lora_alpha=config.lora_alpha,
+            target_modules=list(config.lora_target_modules),
+            lora_dropout=0.0,
+            bias="none",
+        )
+        self.policy = peft.get_peft_model(model, lora, autocast_adapter_dtype=True)  # bf16 adapter -> fp32
+        self.lora_params = [p for p in self.policy.parameters() if p.requires_grad]
+        for p in self.lora_params:
+            p.data = p.data.float()  # make the fp32 adapter explicit whatever peft's autocast does
+        self.policy.eval()
+
+        # openrlhf's Actor computes the action log-probs. Wrapping an nn.Module skips its loading branch,
+        # which is where packing_samples would be set; packing needs flash-attn, so it is off.
+        self.actor = self._orl.Actor(self.policy)
+        self.actor.packing_samples = False
+        self.actor.eval()
+
+        hidden = self.policy.config.hidden_size
+        self.value_head = torch.nn.Sequential(
+            torch.nn.LayerNorm(hidden, elementwise_affine=False), torch.nn.Linear(hidden, 1)
+        )
+        torch.nn.init.zeros_(self.value_head[1].weight)
+        torch.nn.init.zeros_(self.value_head[1].bias)
+
+        self.actor_optim = torch.optim.AdamW(self.lora_params, lr=config.lr, weight_decay=0.0)
+        self.critic_optim = torch.optim.AdamW(self.value_head.parameters(), lr=config.critic_lr, weight_decay=0.0)
+        self.policy_loss = self._orl.PolicyLoss(clip_eps_low=config.clip_eps, clip_eps_high=config.clip_eps)
+        self.value_loss = self._orl.ValueLoss(clip_eps=config.value_clip_eps)
+        if config.kl_target:
+            self.kl_ctl = self._orl.AdaptiveKLController(config.kl_coef, config.kl_target, config.kl_horizon)
+        else:
+            self.kl_ctl = self._orl.FixedKLController(config.kl_coef)
+        self.steps_done = 0
+
+    # ---- one PPO step ---------------------------------------------------------------------------
+    def step(self, batch: RolloutBatch) -> dict[str, float]:
+        """Score the rollouts (old, reference, values), shape rewards, estimate advantages, then update."""
+        cfg, orl = self.config, self._orl
+        start = time.perf_counter()
+        if batch.rewards is None:
+            raise ValueError("the batch has no rewards; use batch.with_rewards(...)")
+        seq, attn, amask = batch.sequences, batch.attention_mask, batch.action_mask.bool()
+        n = seq.size(0)
+        if batch.rewards.shape != (n,):
+            raise ValueError(f"rewards must have shape ({n},), one per sample; got {tuple(batch.rewards.shape)}")
+        if n % cfg.n_samples_per_prompt:
+            raise ValueError(f"batch of {n} is not a multiple of n_samples_per_prompt={cfg.n_samples_per_prompt}")
+        self.actor.temperature = batch.temperature  # log-probs of the distribution the sampler drew from
+
+        # experience: old log-probs (policy), reference log-probs (adapter off) and values, without grad
+        with torch.no_grad():
+            old_logp = self.actor(seq, amask, attention_mask=attn, use_cache=False)
+            with self.policy.disable_adapter():
+                ref_logp, out = self.actor(
+                    seq, amask, attention_mask=attn, return_output=True, output_hidden_states=True, use_cache=False
+                )
+            # The state before response token t is the hidden state at position t - 1, as in openrlhf's critic.
+            features = out.hidden_states[-1][:, :-1][:, -amask.size(1) :].float()
+            del out
+            old_values = self._values(features, amask)
+        kl = orl.compute_approx_kl(old_logp, ref_logp, kl_estimator=cfg.kl_estimator)
+        kl_per_sample = orl.masked_mean(kl, amask, dim=-1)
+        kl_coef = self.kl_ctl.value
+        advantages, returns, episode_returns = compute_advantages_and_returns(
+            cfg, self.kl_ctl, rewards=batch.rewards, kl=kl, values=old_values, action_mask=amask
+        )
+        experience_s = time.perf_counter() - start
+
+        # ppo_epochs passes of shuffled minibatches: policy (LoRA) step, then value-head step
+        shuffle = torch.Generator().manual_seed(cfg.seed + self.steps_done)
+        stats: dict[str, list[float]] = {
+            k: [] for k in ("policy_loss", "clipfrac", "ppo_kl", "grad_norm", "value_loss")
+        }
+        for _ in range(cfg.ppo_epochs):
+            for idx in torch.randperm(n, generator=shuffle).split(cfg.minibatch_size):
+                logp = self.actor(seq[idx], amask[idx], attention_mask=attn[idx], use_cache=False)  # with grad
+                loss, clipfrac, ppo_kl, _, _ = self.policy_loss(
+                    logp, old_logp[idx], advantages[idx], action_mask=amask[idx]
+                )
+                self.actor_optim.zero_grad(set_to_none=True)
+                loss.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.lora_params, cfg.max_grad_norm)
+                self.actor_optim.step()
+                stats["policy_loss"].append(loss.item())
+                stats["clipfrac"].append(clipfrac.item())
+                stats["ppo_kl"].append(ppo_kl.item())
+                stats["grad_norm"].append(grad_norm.item())
+                if cfg.advantage_estimator == "gae":
+                    values = self._values(features[idx], amask[idx])
+                    vloss = self.value_loss(values, old_values[idx], returns[idx], action_mask=amask[idx])
+                    self.critic_optim.zero_grad(set_to_none=True)
+                    vloss.backward()
+                    torch.nn.utils.clip_grad_norm_(self.value_head.parameters(), cfg.max_grad_norm)
+                    self.critic_optim.step()
+                    stats["value_loss"].append(vloss.item())
+
+        # the KL controller sees the rollout KL, as openrlhf's trainer does after each step
+        kl_mean = kl_per_sample.mean().item()
+        self.kl_ctl.update(kl_mean, n)
+        self.steps_done += 1
+        metrics = {
+            "train/policy_loss": _mean(stats["policy_loss"]),
+            "train/kl": kl_mean,
+            "train/kl_coef": kl_coef,
+            "train/reward_mean": batch.rewards.float().mean().item(),
+            "train/return_mean": episode_returns.mean().item(),
+            "train/advantage_mean": orl.masked_mean(advantages, amask, dim=None).item(),
+            "train/clipfrac": _mean(stats["clipfrac"]),
+            "train/ppo_kl": _mean(stats["ppo_kl"]),
+            "train/grad_norm": _mean(stats["grad_norm"]),
+            "train/response_tokens_mean": amask.sum(dim=-1).float().mean().item(),
+            "timing/experience_s": experience_s,
+            "timing/update_s": time.perf_counter() - start,
+        }
+        if stats["value_loss"]:  # only GAE has a critic
+            metrics["train/value_loss"] = _mean(stats["value_loss"])
+            metrics["train/value_mean"] = orl.masked_mean(old_values, amask, dim=None).item()
+        return metrics
+
+    def _values(self, features: torch.Tensor, action_mask: torch.Tensor) -> torch.Tensor:
+        return self.value_head(features).squeeze(-1) * action_mask
+
+    # ---- checkpoints ------------------------------------------------------------------------------
+    def save_adapter(self, path: str | Path) -> Path:
+        """Adapter (peft format: adapter_config.json + adapter_model.safetensors), value head, optimizers, KL coef."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.policy.save_pretrained(str(path))
+        torch.save(
+            {
+                "value_head": self.value_head.state_dict(),
+                "actor_optim": self.actor_optim.state_dict(),
+                "critic_optim": self.critic_optim.state_dict(),
+                "kl_coef": float(self.kl_ctl.value),
+                "steps_done": self.steps_done,
+            },
+            path / "learner_state.pt",
+        )
+        return path
+
+    def load_adapter(self, path: str | Path) -> None:
+        """Restore what ``save_adapter`` wrote into this learner (same base model and LoRA settings)."""
+        from peft import set_peft_model_state_dict
+        from peft.utils import load_peft_weights
+
+        path = Path(path)
+        state_file = path / "learner_state.pt"
+        if not state_file.is_file():
+            raise FileNotFoundError(f"{state_file} does not exist; is {path} a folder written by save_adapter?")
+        result = set_peft_model_state_dict(self.policy, load_peft_weights(str(path)))
+        if getattr(result, "unexpected_keys", None):
+            raise ValueError(f"adapter in {path} does not fit this model: unexpected keys {result.unexpected_keys[:5]}")
+        state = torch.load(state_file, weights_only=True)
+        self.value_head.load_state_dict(state["value_head"])
+        self.actor_optim.load_state_dict(state["actor_optim"])
+        self.critic_optim.load_state_dict(state["critic_optim"])
+        self.kl_ctl.value = state["kl_coef"]
+        self.steps_done = state["steps_done"]
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+def compute_advantages_and_returns(
+    config, kl_ctl, *, rewards: torch.Tensor, kl: torch.Tensor, values: torch.Tensor | None, action_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """openrlhf's ``RemoteExperienceMaker.compute_advantages_and_returns``, unmodified, on one batch.
+
+    ``rewards`` (B,), ``kl`` and ``values`` (B, R) per response token (``values`` None without a critic),
+    ``action_mask`` (B, R). Returns advantages (B, R), returns (B, R) and each sample's shaped return (B,):
+    the reward on its last response token minus the KL penalty summed over its tokens.
+
+    The method lives on a class whose constructor wants Ray actor groups and a DeepSpeed strategy, but the
+    method itself reads only ``self.strategy.args``, ``self.advantage_estimator``, ``self.kl_ctl`` and the
+    helpers ``get_advantages_and_returns`` (GAE) / ``get_cumulative_returns`` (REINFORCE family), neither of
+    which touches the instance. So the instance is made without its constructor and given exactly those,
+    with ``args`` built by openrlhf's own ``hierarchize`` from the CLI's dotted names. The method subtracts
+    the group baseline of rloo / reinforce_baseline / group_norm / dr_grpo over groups of
+    ``n_samples_per_prompt`` consecutive rows, applies ``compute_reward`` with the controller's current
+    coefficient, runs GAE or cumulative returns, and whitens the advantages for gae / reinforce /
+    reinforce_baseline.
+    """
+    orl = _openrlhf()
+    args = orl.hierarchize(
+        argparse.Namespace(
+            **{
+                "algo.advantage.estimator": config.advantage_estimator,
+                "algo.advantage.gamma": float(config.gamma),
+                "algo.advantage.lambd": float(config.lambd),
+                "algo.advantage.no_std_norm": False,
+                "rollout.n_samples_per_prompt": config.n_samples_per_prompt,
+                "reward.clip_range": tuple(config.reward_clip_range),
+                "reward.overlong_buffer_len": None,  # length penalties: off (the reward function owns them)
+                "reward.stop_properly_penalty_coef": None,
+            }
+        )
+    )
+    maker = orl.RemoteExperienceMaker.__new__(orl.RemoteExperienceMaker)
+    maker.strategy = types.SimpleNamespace(args=args)
+    maker.args = args
+    maker.advantage_estimator = config.advantage_estimator
+    maker.kl_ctl = kl_ctl
+    n = rewards.numel()
+    experience = orl.Experience(
+        action_mask=action_mask.bool(),
+        values=values if values is not None else torch.zeros_like(kl),
+        kl=kl,
+        rewards=rewards.float().clone(),
+        index=list(range(n)),
+    )
+    (experience,) = maker.compute_advantages_and_returns([experience])
+    return experience.advantages, experience.returns, experience.info["return"].float()
+
+
+# --------------------------------------------------------------------------------------------------
+# The same job at scale: openrlhf's train_ppo_ray on a GPU Ray cluster
+# --------------------------------------------------------------------------------------------------
+
+
+def build_train_ppo_ray_command(
+    *,
+    pretrain: str,
+    prompt_data: str,
+    reward_file: str,
+    save_path: str,
+    input_key: str = "input",
+    apply_chat_template: bool = True,
+    actor_gpus: int = 1,
+    critic_gpus: int = 1,
+    ref_gpus: int = 1,
+    vllm_engines: int = 1,
+    vllm_tensor_parallel_size: int = 1,
+    colocate_all: bool = False,
+    micro_train_batch_size: int = 4,
+    train_batch_size: int = 64,
+    micro_rollout_batch_size: int = 8,
+    rollout_batch_size: int = 64,
+    n_samples_per_prompt: int = 8,
+    max_new_tokens: int = 64,
+    max_len: int = 1024,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    actor_lr: float = 1e-5,
+    critic_lr: float = 1e-5,
+    kl_coef: float = 0.01,
+    kl_target: float | None = None,
+    advantage_estimator: str = "gae",
+    gamma: float = 1.0,
+    lambd: float = 0.95,
+    eps_clip: float = 0.2,
+    max_epochs: int = 1,
+    num_episodes: int = 1,
+    lora_rank: int = 8,
+    lora_alpha: int = 16,
+    lora_target_modules: Sequence[str] = ("q_proj", "k_proj", "v_proj", "o_proj"),
+    zero_stage: int = 2,
+    seed: int = 42,
+    wandb_project: str | None = None,
+    wandb_run_name: str | None = None,
+    wandb_org: str | None = None,
+    wandb_group: str | None = None,
+    wandb_key: str = "env",
+    python: str = "python",
+) -> list[str]:
+    """argv of ``python -m openrlhf.cli.train_ppo_ray`` for this tuning job on a GPU Ray cluster.
+
+    ``prompt_data`` is a JSONL file whose ``input_key`` holds the meta-prompt; ``reward_file`` is a Python file
+    with ``reward_func(queries, prompts, labels)`` (openrlhf loads it through ``--reward.remote_url``).
+    W&B logging is on when ``wandb_project`` is given. openrlhf switches it on by a truthy ``--logger.wandb.key``
+    and logs in with that key only when wandb has none yet, so the default "env" keeps the real key in
+    ``WANDB_API_KEY`` and off the command line.
+    Every flag emitted exists in openrlhf 0.11.2's parser; tests run ``parse_train_ppo_ray_args`` on the result.
+    """
+    if advantage_estimator not in ADVANTAGE_ESTIMATORS:
+        raise ValueError(f"advantage_estimator {advantage_estimator!r} is not one of {ADVANTAGE_ESTIMATORS}")
+    argv = [
+        python, "-m", TRAIN_PPO_RAY_MODULE,
+        "--actor.model_name_or_path", pretrain,
+        "--data.prompt_dataset", prompt_data,
+        "--data.input_key", input_key,
+        "--reward.remote_url", reward_file,
+        "--ckpt.output_dir", save_path,
+        "--actor.num_nodes", "1", "--actor.num_gpus_per_node", str(actor_gpus),
+        "--ref.num_nodes", "1", "--ref.num_gpus_per_node", str(ref_gpus),
+        "--vllm.num_engines", str(vllm_engines),
+        "--vllm.tensor_parallel_size", str(vllm_tensor_parallel_size),
+        "--train.micro_batch_size", str(micro_train_batch_size),
+        "--train.batch_size", str(train_batch_size),
+        "--rollout.micro_batch_size", str(micro_rollout_batch_size),
+        "--rollout.batch_size", str(rollout_batch_size),
+        "--rollout.n_samples_per_prompt", str(n_samples_per_prompt),
+        "--rollout.max_new_tokens", str(max_new_tokens),
+        "--data.max_len", str(max_len),
+        "--rollout.temperature", str(temperature),
+        "--rollout.top_p", str(top_p),
+        "--actor.adam.lr", str(actor_lr),
+        "--algo.kl.init_coef", str(kl_coef),
+        "--algo.advantage.estimator", advantage_estimator,
+        "--algo.advantage.gamma", str(gamma),
+        "--algo.advantage.lambd", str(lambd),
+        "--actor.eps_clip", str(eps_clip),
+        "--train.max_epochs", str(max_epochs),
+        "--train.num_episodes", str(num_episodes),
+        "--ds.zero_stage", str(zero_stage),
+        "--ds.param_dtype", "bf16",
+        "--train.seed", str(seed),
+    ]
+    if advantage_estimator == "gae":  # only GAE trains a critic (openrlhf drops it for the others)
+        argv += ["--critic.num_nodes", "1", "--critic.num_gpus_per_node", str(critic_gpus)]
+        argv += ["--critic.adam.lr", str(critic_lr)]
+    if kl_target is not None:
+        argv += ["--algo.kl.target", str(kl_target)]
+    if lora_rank > 0:
+        argv += ["--ds.lora.rank", str(lora_rank), "--ds.lora.alpha", str(lora_alpha)]
+        argv += ["--ds.lora.target_modules", *lora_target_modules]
+    if apply_chat_template:
+        argv.append("--data.apply_chat_template")
+    if colocate_all:
+        argv += ["--train.colocate_all", "--vllm.enable_sleep", "--ds.enable_sleep"]
+    if wandb_project is not None:
+        argv += ["--logger.wandb.key", wandb_key, "--logger.wandb.project", wandb_project]
+        for flag, value in (("run_name", wandb_run_name), ("org", wandb_org), ("group", wandb_group)):
+            if value is not None:
+                argv += [f"--logger.wandb.{flag}", value]
+    return argv
+
+
+def _main_block(source: str, filename: str) -> types.CodeType:
+    """The body of the module's ``if __name__ == "__main__":`` block, compiled as its own code."""
+    tree = ast.parse(source)
+    for node in tree.body:
+        if (
+            isinstance(node, ast.If)
+            and isinstance(node.test, ast.Compare)
+            and isinstance(node.test.left, ast.Name)
+            and node.test.left.id == "__name__"
+        ):
+            return compile(ast.Module(body=node.body, type_ignores=[]), filename, "exec")
+    raise RuntimeError(f"{filename} has no `if __name__ == '__main__':` block; openrlhf's CLI layout changed")
+
+
+def parse_train_ppo_ray_args(argv: Sequence[str]) -> types.SimpleNamespace:
+    """Run openrlhf's real train_ppo_ray argument parser and its validation on ``argv``; return its args.
+
+    openrlhf builds the parser inside ``if __name__ == "__main__":`` and ends that block with ``train(args)``.
+    So the module is imported normally (with the CPU stand-ins), and that block's own code is executed on a
+    copy of the module's namespace in which ``train`` only captures its argument: parser, ``hierarchize``
+    and every check run unmodified. ``argv`` may start with ``python -m openrlhf.cli.train_ppo_ray``.
+    Raises ValueError when the parser exits, a validation assertion fails, or openrlhf prints a
+    "[Warning]" (it then rewrites an argument silently). Swaps ``sys.argv`` while it runs.
+    """
+    argv = list(argv)
+    if TRAIN_PPO_RAY_MODULE in argv:
+        argv = argv[argv.index(TRAIN_PPO_RAY_MODULE) + 1 :]
+    install_cpu_stand_ins()
+    module = importlib.import_module(TRAIN_PPO_RAY_MODULE)
+    code = _main_block(inspect.getsource(module), module.__file__)
+    captured: list[types.SimpleNamespace] = []
+    namespace = dict(vars(module), __name__="__main__", train=captured.append)
+    stdout, stderr = io.StringIO(), io.StringIO()
+    saved_argv = sys.argv
+    sys.argv = [module.__file__, *argv]
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            exec(code, namespace)
+    except SystemExit as exc:
+        raise ValueError(f"openrlhf's train_ppo_ray parser exited ({exc.code}): {stderr.getvalue().strip()}") from None
+    except AssertionError as exc:
+        raise ValueError(f"openrlhf's train_ppo_ray rejected the arguments: {exc}") from None
+    finally:
+        sys.argv = saved_argv
+    printed = stdout.getvalue().splitlines()
+    warnings = [line for line in printed if line.startswith("[Warning]")]
+    if warnings:
+        raise ValueError("openrlhf's train_ppo_ray would rewrite arguments: " + " | ".join(warnings))
+    for line in printed:
+        log.info("train_ppo_ray: %s", line)
+    if len(captured) != 1:
+        raise RuntimeError("openrlhf's train_ppo_ray main block did not reach train(args)")
+    return captured[0]
