@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Sequence
@@ -22,10 +23,11 @@ from typing import Sequence
 from pipelines import cli_store
 from pipelines.config import ConfigError, TaskConfig, builtin_tasks, load_task
 from pipelines.data import DataError, label_counts, load_examples, split_examples
-from pipelines.models import ModelLoadError
+from pipelines.models import EMBEDDED, ModelLoadError
+from rewards.judge import JudgeError
 from templates.template import Template, TemplateError
 
-USER_ERRORS = (ConfigError, DataError, TemplateError, ModelLoadError)
+USER_ERRORS = (ConfigError, DataError, TemplateError, ModelLoadError, JudgeError)
 
 
 def quiet_libraries() -> None:
@@ -136,6 +138,82 @@ def cmd_render(args) -> int:
     return 0
 
 
+def evaluation_report(task: TaskConfig, ev, name: str) -> dict:
+    """One template's evaluation as a flat, JSON-ready record."""
+    m = ev.measured
+    return {
+        "task": task.name,
+        "template_name": name,
+        "template": m.template,
+        "split": ev.split,
+        "examples": ev.n_examples,
+        "valid": m.valid,
+        "invalid_reasons": list(m.reasons),
+        "reward": {"total": ev.reward.total, "weights": dict(task.reward.weights), "components": dict(ev.reward.components)},
+        "metrics": dict(m.metrics),
+        "decision_threshold": ev.threshold,
+        "pdr": dict(m.pdr),
+        "judge": dict(m.judge),
+        "template_tokens": m.tokens,
+        "latency_ms": dict(ev.latency_ms),
+        "render_us_p99": ev.render_us_p99,
+        "timing_s": {k: round(v, 3) for k, v in m.timing.items()},
+    }
+
+
+def print_report(report: dict) -> None:
+    print(f"task {report['task']} · {report['split']} split ({report['examples']} examples) · template {report['template_name']}")
+    print("  " + report["template"].replace("\n", "\n  "))
+    if not report["valid"]:
+        print("INVALID: " + "; ".join(report["invalid_reasons"]))
+        print(f"total reward {report['reward']['total']:.3f} (the invalid-candidate penalty)")
+        return
+    rows = []
+    for name, value in report["reward"]["components"].items():
+        weight = report["reward"]["weights"].get(name, 0.0)
+        rows.append({"component": name, "value": "n/a" if value is None else value, "weight": float(weight),
+                     "weighted": "n/a" if value is None else value * weight})
+    rows.append({"component": "TOTAL REWARD", "value": "", "weight": "", "weighted": report["reward"]["total"]})
+    print()
+    print(table(rows))
+    print()
+    metric_rows = [{"metric": k, "value": v} for k, v in report["metrics"].items()]
+    if report["decision_threshold"] is not None:
+        metric_rows.append({"metric": "decision threshold (log-odds, fitted on train)", "value": report["decision_threshold"]})
+    metric_rows += [{"metric": f"PDR {k}", "value": v} for k, v in report["pdr"].items()]
+    metric_rows += [{"metric": f"judge P(yes) {k}", "value": "n/a" if v is None else v} for k, v in report["judge"].items()]
+    metric_rows.append({"metric": "template tokens", "value": report["template_tokens"]})
+    for k, v in report["latency_ms"].items():
+        metric_rows.append({"metric": f"target latency {k} (ms, one request)", "value": v})
+    if report["render_us_p99"] is not None:
+        metric_rows.append({"metric": "render p99 (us)", "value": report["render_us_p99"]})
+    metric_rows += [{"metric": f"timing {k}", "value": v} for k, v in report["timing_s"].items()]
+    print(table(metric_rows))
+
+
+def cmd_eval(args) -> int:
+    from pipelines.scoring import CandidateScorer
+    from pipelines.models import load_causal_lm
+
+    task = load_task(args.task)
+    template = read_template_file(args.template, task) if args.template else task.seed_template()
+    splits = split_examples(task, load_examples(task))
+    if not args.json:
+        print(f"loading target model {args.model} ...", file=sys.stderr)
+    t0 = time.perf_counter()
+    lm = load_causal_lm(args.model)
+    scorer = CandidateScorer(task, splits, lm)
+    load_s = time.perf_counter() - t0
+    ev = scorer.evaluate(template.text, args.split)
+    report = evaluation_report(task, ev, args.template or "seed")
+    report["timing_s"]["load_model_s"] = round(load_s, 3)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print_report(report)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tune-prompts",
@@ -161,6 +239,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, help="model whose chat template --chat uses (default: the embedded one)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_render)
+
+    p = sub.add_parser("eval", help="score a template: every reward component on the dev or test split, with timing")
+    p.add_argument("--task", required=True, help="a built-in task or a task YAML file")
+    p.add_argument("--template", help="a template file (YAML record or plain text); default: the task's seed template")
+    p.add_argument("--split", default="dev", choices=["dev", "test"])
+    p.add_argument("--model", default=EMBEDDED, help=f"target and judge model (default {EMBEDDED})")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_eval)
 
     cli_store.register(sub).set_defaults(func=cli_store.run)
     return parser

@@ -68,7 +68,13 @@ class ScoringConfig(_Strict):
         description="threshold: the positive label wins when its log-odds exceed a threshold fitted on the train "
         "split (maximising balanced accuracy); argmax: the verbalizer with the highest probability wins",
     )
-    metric: Literal["balanced_accuracy", "accuracy", "macro_f1", "roc_auc"] = "balanced_accuracy"
+    metric: Literal["balanced_accuracy", "accuracy", "macro_f1", "roc_auc"] = Field(
+        "balanced_accuracy", description="the held-out metric reported and compared by the promotion gate"
+    )
+    reward_metric: Literal["roc_auc"] = Field(
+        "roc_auc",
+        description="the dev metric inside the reward: threshold-free, so candidates need no calibration pass",
+    )
     batch_size: int = Field(16, gt=0)
     calibration_examples: int = Field(120, ge=2, description="train examples used to fit the decision threshold")
     robustness_attacks: tuple[Literal["checklist", "stresstest"], ...] = ("checklist", "stresstest")
@@ -121,8 +127,11 @@ class TaskConfig(_Strict):
         verbalizers = [spec.verbalizer for spec in self.labels.values()]
         if len(set(verbalizers)) != len(verbalizers):
             raise ValueError(f"verbalizers must differ between labels, got {verbalizers}")
-        if self.scoring.decision == "threshold" and len(self.labels) != 2:
-            raise ValueError("scoring.decision 'threshold' needs exactly two labels; use 'argmax' for more")
+        if len(self.labels) != 2:
+            raise ValueError(
+                f"{len(self.labels)} labels: tasks are binary for now (threshold decision, ROC-AUC reward); "
+                "map the labels onto two"
+            )
         self.skeleton()  # raises for a bad skeleton
         self.seed_template()  # raises for a bad seed instruction or constraint
         self.promotion_config()  # raises for bad promotion settings

@@ -132,6 +132,8 @@ def load_causal_lm(
     else:
         path = spec
         local = Path(spec).expanduser()
+        if spec.startswith(("/", ".", "~")) and not local.exists():
+            raise ModelLoadError(f"cannot load model {spec!r}: no such folder; give a Hugging Face model folder or hub id")
         if local.exists() and not (local / "config.json").is_file():
             raise ModelLoadError(
                 f"cannot load model {spec!r}: the folder has no config.json; point at a Hugging Face model folder"

@@ -1,0 +1,78 @@
+"""The self-evaluating judge: a small LLM answers the task's rubric questions about a candidate template.
+
+Each rubric is a yes/no question from the task file. The judge model reads the candidate inside a fixed
+frame and its score is P(yes) / (P(yes) + P(no)) from one forward pass. The candidate is a *value* of the
+frame (inserted literally), never part of the frame's own template text.
+
+Failures are bounded: an error on one item gives None for that rubric and counts in ``errors``; past
+``max_errors`` in a run the judge raises ``JudgeError`` and the run stops with that message.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from templates.template import Template, TemplateError
+
+FRAME = (
+    "You review prompts written for an AI assistant.\n"
+    "Prompt:\n<<<\n{candidate}\n>>>\n"
+    "Question: {question} Answer yes or no."
+)
+JUDGE_VERBALIZERS = ("yes", "no")
+
+# ask(frame, candidates) -> label log-probs over JUDGE_VERBALIZERS, shape (len(candidates), 2)
+AskFn = Callable[[Template, Sequence[str]], np.ndarray]
+
+
+class JudgeError(RuntimeError):
+    """The judge failed more often than the run allows."""
+
+
+class Judge:
+    def __init__(self, rubrics: Mapping[str, str], ask: AskFn, max_errors: int = 5):
+        if not callable(ask):
+            raise TypeError("the judge's ask function must be callable as ask(template, candidates)")
+        self.frames: dict[str, Template] = {}
+        for name, question in rubrics.items():
+            # The question becomes part of the frame's text, so braces in it would be placeholders: refuse them.
+            try:
+                self.frames[name] = Template(
+                    FRAME.replace("{question}", question.strip()), ("candidate",)
+                )
+            except TemplateError as exc:
+                raise ValueError(f"judge rubric {name!r}: {exc}") from None
+        self.ask = ask
+        self.max_errors = max_errors
+        self.errors = 0
+        self.calls = 0
+
+    def __call__(self, candidates: Sequence[str]) -> list[dict[str, float | None]]:
+        """P(yes) per rubric for each candidate; None where the judge failed."""
+        out: list[dict[str, float | None]] = [{} for _ in candidates]
+        for name, frame in self.frames.items():
+            self.calls += 1
+            try:
+                logprobs = np.asarray(self.ask(frame, list(candidates)), dtype=np.float64)
+                if logprobs.shape != (len(candidates), len(JUDGE_VERBALIZERS)):
+                    raise ValueError(f"judge returned shape {logprobs.shape}")
+            except Exception as exc:  # any judge failure is counted, bounded, and reported below
+                self._failed(name, exc)
+                for row in out:
+                    row[name] = None
+                continue
+            for row, lp in zip(out, logprobs):
+                p_yes = math.exp(lp[0]) / (math.exp(lp[0]) + math.exp(lp[1]))
+                row[name] = p_yes if math.isfinite(p_yes) else None
+        return out
+
+    def _failed(self, rubric: str, exc: Exception) -> None:
+        self.errors += 1
+        if self.errors > self.max_errors:
+            raise JudgeError(
+                f"the judge failed {self.errors} times (limit {self.max_errors}); last failure on rubric "
+                f"{rubric!r}: {type(exc).__name__}: {exc}. Check the judge model, or raise judge.max_errors"
+            ) from exc

@@ -1,0 +1,187 @@
+"""Scoring: the fast scorer equals the naive one, the cache, PDR, weighting, the judge's error budget."""
+
+import copy
+
+import numpy as np
+import pytest
+
+from pipelines.config import load_task
+from pipelines.data import load_splits
+from rewards import promptbench_metrics as pbm
+from rewards.components import Measured, components_for, robustness, task_metric
+from rewards.judge import Judge, JudgeError
+from rewards.weighting import check_weights, weigh
+from templates.template import Template
+
+# ---- pure parts -------------------------------------------------------------------------------
+
+
+def test_pdr_matches_its_definition_on_a_hand_checked_case():
+    # clean balanced accuracy 0.80, perturbed 0.60: PromptBench's PDR = 1 - 0.60/0.80 = 0.25
+    assert pbm.performance_drop_rate(0.80, 0.60) == pytest.approx(0.25)
+    assert pbm.performance_drop_rate(0.50, 0.55) == pytest.approx(-0.10)  # a perturbation can help
+    m = Measured(template="t {text}", valid=True, pdr={"checklist": 0.25, "stresstest": 0.05})
+    assert robustness(m) == pytest.approx(0.85)
+
+
+def test_promptbench_perturbations_are_promptbenchs_own():
+    text = "Read the SMS message below.\nMessage: {text}\nIs this message a scam? Answer yes or no."
+    checklist = pbm.perturb(text, "checklist")
+    stress = pbm.perturb(text, "stresstest")
+    assert len(checklist) == 50 and len(stress) == 3  # PromptBench's fixed lists
+    # PromptBench inserts after the last word: before the final full stop
+    assert checklist[0] == text[:-1] + " d6ZQ3u0GBQ."
+    assert stress[1] == text[:-1] + "  and false is not true ."
+
+
+def test_metrics_on_a_hand_checked_case():
+    gold = ["pos", "pos", "neg", "neg", "neg", "neg"]
+    preds = ["pos", "neg", "neg", "neg", "neg", "pos"]
+    assert pbm.accuracy(preds, gold) == pytest.approx(4 / 6)  # promptbench's Eval
+    assert pbm.balanced_accuracy(preds, gold, ["pos", "neg"]) == pytest.approx((0.5 + 0.75) / 2)
+    # positives 0.9 and 0.1 against negatives 0.2, 0.3, 0.4, 0.8: 0.9 wins 4 of 4 pairs, 0.1 none
+    assert pbm.roc_auc([0.9, 0.1, 0.2, 0.3, 0.4, 0.8], [g == "pos" for g in gold]) == pytest.approx(4 / 8)
+    assert pbm.roc_auc([0.9, 0.5, 0.2, 0.3, 0.4, 0.8], [g == "pos" for g in gold]) == pytest.approx(7 / 8)  # 4 + 3
+    assert pbm.roc_auc([1, 1], [True, False]) == 0.5
+    assert pbm.fit_threshold([-2, -1, 1, 2], [False, False, True, True]) == pytest.approx(0.0)
+
+
+def test_task_metric_is_rescaled_from_chance():
+    assert task_metric(Measured(template="", valid=True, metrics={"roc_auc": 0.75})) == pytest.approx(0.5)
+    assert task_metric(Measured(template="", valid=True, metrics={"roc_auc": 0.25})) == pytest.approx(-0.5)
+    assert task_metric(Measured(template="", valid=True, metrics={"roc_auc": float("nan")})) is None
+
+
+def test_weighting_rejects_a_mismatch_at_start_up():
+    components = components_for({"instruction_following": "q?"})
+    with pytest.raises(ValueError, match="unknown component"):
+        check_weights({"task_metric": 1.0, "instruction_folowing": 0.45}, components)
+    with pytest.raises(ValueError, match="finite number"):
+        check_weights({"task_metric": float("nan")}, components)
+    with pytest.raises(TypeError, match="one Measured argument"):
+        check_weights({"task_metric": 1.0}, {**components, "bad": lambda a, b: 0.0})
+    task = load_task("risk")
+    from pipelines.scoring import CandidateScorer
+
+    with pytest.raises(ValueError, match="unknown component"):  # before any model is touched
+        CandidateScorer(task.with_overrides(**{"reward.weights": {"task_metric": 1.0, "typo": 1.0}}), None, None)
+
+
+@pytest.mark.parametrize(
+    "judge, expected_total",
+    [
+        ({"instruction_following": 0.9, "entity_consistency": 0.8}, 1.0 * 0.5 + 0.45 * 0.9 + 0.35 * 0.8),
+        ({"instruction_following": None, "entity_consistency": 0.8}, 1.0 * 0.5 + 0.35 * 0.8),  # abstained
+    ],
+)
+def test_weighted_total(judge, expected_total):
+    components = components_for({"instruction_following": "q", "entity_consistency": "q"})
+    weights = {"task_metric": 1.0, "instruction_following": 0.45, "entity_consistency": 0.35}
+    m = Measured(template="x {text}", valid=True, metrics={"roc_auc": 0.75}, judge=judge)
+    reward = weigh(m, weights, components, invalid_penalty=-1.0)
+    assert reward.valid and reward.total == pytest.approx(expected_total)
+    invalid = weigh(Measured(template="x", valid=False), weights, components, invalid_penalty=-1.0)
+    assert invalid.total == -1.0 and not invalid.valid
+
+
+def test_failing_judge_is_counted_and_bounded():
+    calls = {"n": 0}
+
+    def flaky(frame, candidates):
+        calls["n"] += 1
+        if calls["n"] % 2:
+            raise ConnectionError("judge endpoint reset")
+        return np.log(np.tile([0.8, 0.2], (len(candidates), 1)))
+
+    judge = Judge({"a": "Is it clear?", "b": "Is it short?"}, flaky, max_errors=2)
+    first = judge(["t1 {text}", "t2 {text}"])
+    assert [row["a"] for row in first] == [None, None]  # failed: abstains, not zero
+    assert [row["b"] for row in first] == pytest.approx([0.8, 0.8])
+    assert judge.errors == 1
+    judge(["t3 {text}"])
+    assert judge.errors == 2
+    with pytest.raises(JudgeError, match="failed 3 times"):
+        judge(["t4 {text}"])
+
+
+def test_judge_rejects_rubrics_with_braces():
+    with pytest.raises(ValueError, match="rubric 'x'"):
+        Judge({"x": "Does it use {text.__class__}?"}, lambda f, c: None)
+
+
+# ---- with the real model ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def risk():
+    task = load_task("risk")
+    return task, load_splits(task)
+
+
+@pytest.fixture(scope="module")
+def lm_bf16():
+    from pipelines.models import load_causal_lm
+
+    return load_causal_lm()
+
+
+@pytest.mark.e2e
+def test_fast_scorer_equals_naive_in_float32(risk, lm_bf16):
+    from pipelines.target import LabelScorer, score_naive
+
+    task, splits = risk
+    lm = copy.copy(lm_bf16)
+    lm.model = copy.deepcopy(lm_bf16.model).float()
+    texts = [e.text for e in splits.dev[:10]]
+    templates = [task.seed_template(), Template("Message:{text}\nScam? Answer yes or no.", ("text",))]  # no space before input
+    for template in templates:
+        naive = score_naive(lm, template, texts, ["yes", "no"])
+        scorer = LabelScorer(lm, ["yes", "no"], batch_size=4)
+        fast = scorer.score(template, texts)
+        # Tolerance in float32: 2e-3 in label log-probs (measured: about 3e-5).
+        assert np.abs(fast - naive).max() < 2e-3
+        assert scorer.stats.prefix_fallbacks == 0
+
+
+@pytest.mark.e2e
+def test_fast_scorer_matches_naive_in_bfloat16_and_cache_is_identical(risk, lm_bf16):
+    from pipelines.target import LabelScorer, score_naive
+
+    task, splits = risk
+    examples = list(splits.dev[:24])
+    texts = [e.text for e in examples]
+    template = task.seed_template()
+    naive = score_naive(lm_bf16, template, texts, ["yes", "no"])
+    scorer = LabelScorer(lm_bf16, ["yes", "no"], batch_size=8)
+    fast = scorer.score(template, texts)
+    odds_naive, odds_fast = naive[:, 0] - naive[:, 1], fast[:, 0] - fast[:, 1]
+    # Tolerance in bfloat16: 0.35 in log-odds per pair (padding changes matmul shapes and rounding, and the
+    # naive logits are rounded to bfloat16 steps of 0.125, which ties many pairs), and ROC-AUC within 0.08
+    # on these 24 examples (one of the 144 positive/negative pairs changing order moves it by 0.007).
+    assert np.abs(odds_fast - odds_naive).max() < 0.35
+    positive = [e.label == "high_risk" for e in examples]
+    assert abs(pbm.roc_auc(odds_fast, positive) - pbm.roc_auc(odds_naive, positive)) < 0.08
+    scored = scorer.stats.pairs_scored
+    again = scorer.score(template, texts)
+    assert np.array_equal(again, fast)  # identical, not merely close
+    assert scorer.stats.pairs_scored == scored and scorer.stats.pairs_cached == len(texts)
+
+
+@pytest.mark.e2e
+def test_candidate_scorer_measures_every_component(risk, lm_bf16):
+    from pipelines.scoring import CandidateScorer
+
+    task, splits = risk
+    task = task.with_overrides(**{"scoring.robustness_examples": 8})
+    small = type(splits)(splits.train[:16], splits.dev[:16], splits.test[:16])
+    scorer = CandidateScorer(task, small, lm_bf16)
+    seed = task.seed_template().text
+    measured = scorer.measure([seed, "no placeholder at all", task.compose("Look for prizes and urgent payment requests.")])
+    assert [m.valid for m in measured] == [True, False, True]
+    for m in (measured[0], measured[2]):
+        assert 0.0 <= m.metrics["roc_auc"] <= 1.0
+        assert set(m.pdr) == {"checklist", "stresstest"}
+        assert set(m.judge) == set(task.judge.rubrics) and all(0 < v < 1 for v in m.judge.values())
+        reward = scorer.reward(m)
+        assert reward.valid and np.isfinite(reward.total)
+    assert scorer.reward(measured[1]).total == task.reward.invalid_penalty

@@ -1,0 +1,109 @@
+"""Templates: strict parsing, literal rendering, constraints, and hostile text from a model."""
+
+import time
+
+import pytest
+
+from templates.template import Constraint, Template, TemplateError, constraints_from_spec, validate_candidate
+
+SEED = "Read the SMS message below.\nMessage: {text}\nIs this message a scam? Answer yes or no."
+
+
+def test_render_fills_the_placeholder_literally():
+    t = Template(SEED, ("text",))
+    out = t.render({"text": "Win {prize} now {{x}} {text.__class__}"})
+    assert out == SEED.replace("{text}", "Win {prize} now {{x}} {text.__class__}")
+
+
+def test_escaped_braces_are_literal():
+    t = Template('Reply as JSON {{"label": ...}} for {text}', ("text",))
+    assert t.render(text="hi") == 'Reply as JSON {"label": ...} for hi'
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{text.__class__}",
+        "Message: {0.__init__.__globals__}",
+        "{text} {0}",
+        "{text:{width}}",
+        "{text!r}",
+        "{text[0]}",
+        "{{ ''.__class__ }} {text} {% for x in y %}",
+        "{ text }",
+        "{text",
+        "text}",
+        "{__import__('os').system('echo pwned')} {text}",
+    ],
+)
+def test_hostile_template_text_is_rejected(text):
+    check = validate_candidate(text, ("text",), max_tokens=1000)
+    assert not check.ok, text
+    assert check.reasons and check.template is None
+    with pytest.raises(TemplateError):
+        Template(text, ("text",))
+
+
+def test_jinja_expression_alone_renders_literally():
+    t = Template("{{ ''.__class__.__mro__ }} {text}", ("text",))
+    assert t.render(text="x") == "{ ''.__class__.__mro__ } x"
+
+
+def test_missing_and_repeated_placeholders_are_rejected():
+    assert "lacks" in validate_candidate("no placeholder here", ("text",), 100).reasons[0]
+    assert "more than once" in validate_candidate("{text} and {text}", ("text",), 100).reasons[0]
+    assert "undeclared" in validate_candidate("{text} {label}", ("text",), 100).reasons[0]
+
+
+def test_a_megabyte_template_is_rejected_quickly():
+    big = "A" * 1_000_000 + " {text}"
+    started = time.perf_counter()
+    check = validate_candidate(big, ("text",), max_tokens=10_000, count_tokens=lambda s: len(s.split()))
+    assert not check.ok and "limit" in check.reasons[0]
+    assert time.perf_counter() - started < 1.0  # rejected by size before any tokenization
+
+
+def test_token_budget():
+    check = validate_candidate("one two three {text}", ("text",), max_tokens=3, count_tokens=lambda s: len(s.split()))
+    assert not check.ok and "over the budget" in check.reasons[0]
+    assert validate_candidate("one {text}", ("text",), 3, lambda s: len(s.split())).ok
+
+
+def test_render_missing_and_unknown_variables():
+    t = Template("{a} and {b}", ("a", "b"))
+    with pytest.raises(TemplateError, match="missing variable"):
+        t.render(a="1")
+    with pytest.raises(TemplateError, match="unknown variable"):
+        t.render(a="1", b="2", c="3")
+    with pytest.raises(TemplateError, match="must be a string"):
+        t.render(a="1", b=object())
+
+
+def test_constraints_category_in_and_regex():
+    t = Template(
+        "{category}: {text}",
+        ("category", "text"),
+        tuple(constraints_from_spec({"category": {"in": ["sms", "transaction"]}, "text": {"regex": r"[^\x00]{1,50}"}})),
+    )
+    assert t.render(category="sms", text="hello") == "sms: hello"
+    with pytest.raises(TemplateError, match="not one of"):
+        t.render(category="email", text="hello")
+    with pytest.raises(TemplateError, match="does not match"):
+        t.render(category="sms", text="x" * 51)
+
+
+def test_bad_constraint_specs():
+    with pytest.raises(TemplateError, match="unknown operator"):
+        Constraint("text", "eval", "1+1")
+    with pytest.raises(TemplateError, match="bad regular expression"):
+        Constraint("text", "regex", "(")
+    with pytest.raises(TemplateError, match="not a declared variable"):
+        Template("{text}", ("text",), (Constraint("other", "max_chars", 3),))
+
+
+def test_round_trip_through_dict():
+    t = Template("{category}: {text}", ("category", "text"), (Constraint("category", "in", ["a", "b"]),))
+    again = Template.from_dict(t.to_dict())
+    assert again == t and again.render(category="a", text="x") == "a: x"
+    with pytest.raises(TemplateError, match="unknown field"):
+        Template.from_dict({"text": "{x}", "code": "rm -rf /"})
