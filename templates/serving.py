@@ -12,7 +12,8 @@ fork around, costs nothing for an idle reader, and a reader nobody asks has nobo
 stale template to. With the default 0.2 s a change is visible within 0.2 s plus one query.
 
 A reader never sees a half-written version: every store write is one transaction, and a
-reader's query sees the store either before or after it (WAL gives readers a snapshot).
+reader's query sees the store either before or after it (SQLite's WAL gives each read a snapshot;
+PostgreSQL shows each statement only committed rows).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ _NO_CANARY = Canary(0, 0.0)  # cached for a task without a canary: share 0 route
 class TemplateReader:
     """Read-only, cached access to a store's labelled templates; safe to share between threads.
 
-    Create it after forking worker processes: an SQLite connection must not cross a fork.
+    Create it after forking worker processes: a database connection must not cross a fork.
     """
 
     def __init__(self, store_url: str, refresh_s: float = 0.2, *, busy_timeout_s: float = 5.0) -> None:

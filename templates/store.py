@@ -1,6 +1,7 @@
 """The versioned template store: append-only versions, labels that move, a change counter.
 
-Layout (SQLite today; PostgreSQL later through the same URL option):
+Layout (the same on SQLite and PostgreSQL, opened by URL: ``sqlite:///PATH`` or
+``postgresql://user:pass@host:port/db``):
 
 * ``versions``: one immutable row per template version: the template record, its parent, the
   run that made it, scores per split, latency figures and the gate's decision. Triggers refuse
@@ -15,8 +16,11 @@ Labels ``production`` and ``canary`` move only through ``promote``/``rollback`` 
 ``set_canary``/``advance_canary``/``end_canary``, so each has one way to change and the
 production history stays a clean stack for rollbacks. Other labels move with ``set_label``.
 
-Every write is one ``BEGIN IMMEDIATE`` transaction: concurrent writers queue on the lock (up
-to the busy timeout) and a writer killed mid-way leaves the store as it was before.
+Every write is one transaction that first takes the store's write lock (SQLite: ``BEGIN
+IMMEDIATE``; PostgreSQL: ``LOCK TABLE ... IN SHARE ROW EXCLUSIVE MODE``, which readers do not wait
+for): concurrent writers queue on it (up to the busy timeout) and a writer killed mid-way leaves the
+store as it was before. The queries are one text for both databases; ``_Dialect`` holds the few
+statements that differ.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator, Mapping
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from templates.gate import Decision
 from templates.routing import DEFAULT_RAMP, Canary
@@ -44,18 +48,18 @@ SCHEMA_VERSION = 1
 LABEL_NAME = re.compile(r"[a-z][a-z0-9_-]*")
 SPLITS = ("dev", "test")
 
-# SQLite DDL. PostgreSQL will need its own DDL (trigger functions) and %s parameters, both to be
-# handled next to _connect; the queries stay standard SQL (RETURNING, no INSERT OR REPLACE, no
-# SQLite functions) so they can be shared. Statements are split on ";\n" and run one by one
-# because executescript() would COMMIT the surrounding BEGIN IMMEDIATE.
-_SCHEMA = """
+# The tables, for both databases; {id} is each one's auto-numbered key. The queries are standard
+# SQL (RETURNING, no INSERT OR REPLACE, no database functions) written with ? parameters, which
+# _PostgresConnection turns into psycopg's %s. Statements are split on ";\n" and run one by one
+# because sqlite3's executescript() would COMMIT the surrounding BEGIN IMMEDIATE.
+_TABLES = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE versions (
-    id INTEGER PRIMARY KEY,
+    id {id},
     task TEXT NOT NULL,
     content_hash TEXT NOT NULL,
     template TEXT NOT NULL,
-    parent_id INTEGER REFERENCES versions(id),
+    parent_id BIGINT REFERENCES versions(id),
     run_id TEXT,
     scores TEXT NOT NULL,
     latency TEXT NOT NULL,
@@ -64,16 +68,18 @@ CREATE TABLE versions (
 );
 CREATE INDEX versions_by_task ON versions(task, id);
 CREATE TABLE label_history (
-    seq INTEGER PRIMARY KEY,
+    seq {id},
     task TEXT NOT NULL,
     label TEXT NOT NULL,
-    version_id INTEGER REFERENCES versions(id),
+    version_id BIGINT REFERENCES versions(id),
     action TEXT NOT NULL,
-    share REAL,
+    share DOUBLE PRECISION,
     ramp TEXT,
     moved_at TEXT NOT NULL
 );
 CREATE INDEX label_history_by_label ON label_history(task, label, seq);
+"""
+_SQLITE_TRIGGERS = """
 CREATE TRIGGER versions_no_update BEFORE UPDATE ON versions
     BEGIN SELECT RAISE(ABORT, 'template versions are append-only'); END;
 CREATE TRIGGER versions_no_delete BEFORE DELETE ON versions
@@ -83,6 +89,46 @@ CREATE TRIGGER label_history_no_update BEFORE UPDATE ON label_history
 CREATE TRIGGER label_history_no_delete BEFORE DELETE ON label_history
     BEGIN SELECT RAISE(ABORT, 'label history is append-only'); END;
 """
+# Statement triggers, so that TRUNCATE is refused too; the error is an IntegrityError, as in SQLite.
+_POSTGRESQL_TRIGGERS = """
+CREATE FUNCTION tune_prompts_refuse_change() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN RAISE EXCEPTION USING MESSAGE = TG_ARGV[0], ERRCODE = 'integrity_constraint_violation'; END $$;
+CREATE TRIGGER versions_append_only BEFORE UPDATE OR DELETE OR TRUNCATE ON versions
+    FOR EACH STATEMENT EXECUTE FUNCTION tune_prompts_refuse_change('template versions are append-only');
+CREATE TRIGGER label_history_append_only BEFORE UPDATE OR DELETE OR TRUNCATE ON label_history
+    FOR EACH STATEMENT EXECUTE FUNCTION tune_prompts_refuse_change('label history is append-only');
+"""
+
+
+@dataclass(frozen=True)
+class _Dialect:
+    """The statements that differ between SQLite and PostgreSQL; every query is shared."""
+
+    schema: str  # DDL, statements separated by ";\n"
+    begin_write: tuple[str, ...]  # start a write transaction that queues other writers but no reader
+    begin_create: tuple[str, ...]  # the same before the tables exist, to create them once
+    list_tables: str  # the tables of the file (SQLite); the tables and views of the current schema (PostgreSQL)
+
+
+_SQLITE = _Dialect(
+    schema=_TABLES.format(id="INTEGER PRIMARY KEY") + _SQLITE_TRIGGERS,
+    begin_write=("BEGIN IMMEDIATE",),
+    begin_create=("BEGIN IMMEDIATE",),
+    list_tables="SELECT name FROM sqlite_master WHERE type = 'table'",
+)
+# Writers lock both tables in a mode that conflicts with itself and with other writes but not with
+# plain SELECTs. Serialised writers also keep the change counter honest: ids and seqs come from
+# sequences when a row is inserted, so without the lock a writer could commit seq 7 after a reader
+# has seen seq 8, and the reader would never notice that change. Before the tables exist there is
+# nothing to lock, so creators take a transaction-scoped advisory lock (per database; any constant
+# key, here "tuneprom" in ASCII).
+_POSTGRESQL = _Dialect(
+    schema=_TABLES.format(id="BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY") + _POSTGRESQL_TRIGGERS,
+    begin_write=("BEGIN", "LOCK TABLE versions, label_history IN SHARE ROW EXCLUSIVE MODE"),
+    begin_create=("BEGIN", "SELECT pg_advisory_xact_lock(8391147083478871917)"),
+    list_tables="SELECT relname FROM pg_class WHERE relnamespace = current_schema()::regnamespace"
+                " AND relkind IN ('r', 'p', 'v', 'm', 'f')",
+)
 
 _COLUMNS = ("id", "task", "content_hash", "template", "parent_id", "run_id", "scores", "latency", "decision", "created_at")
 _VERSION_COLUMNS = ", ".join(_COLUMNS)
@@ -151,15 +197,60 @@ def _finite_figures(figures: Mapping[str, Any], what: str) -> dict[str, float]:
     return out
 
 
-def _tables(conn: sqlite3.Connection) -> set[str]:
-    return {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-
-
 def _not_a_store(path: str, tables: set[str]) -> StoreError:
     return StoreError(
         f"{path} is not a tune-prompts store (schema missing: it holds tables {sorted(tables)}): "
         "restore it from a backup or point --store at another path"
     )
+
+
+def _without_password(url: str) -> str:
+    """The URL to show in messages: any password replaced by ***."""
+    url = re.sub(r"([?&]password=)[^&]*", r"\1***", url)
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user, _, host = parts.netloc.rpartition("@")
+    return url.replace(parts.netloc, f"{user.partition(':')[0]}:***@{host}", 1)
+
+
+def _postgres_connect_error(exc: Exception, where: str, timeout_s: float) -> StoreError:
+    # Errors before a session exists carry no SQLSTATE, only libpq's text:
+    # 'connection failed: connection to server at "h", port p failed: REASON'.
+    reason = " ".join(str(exc).split()).rpartition(" failed: ")[2].removeprefix("FATAL: ").strip()
+    if "Connection refused" in reason:
+        return StoreError(f"cannot connect to PostgreSQL for {where}: connection refused; "
+                          "start the server or fix the host and port in the URL")
+    if "timeout expired" in reason:
+        return StoreError(f"cannot connect to PostgreSQL for {where}: no answer within {timeout_s:g} s; "
+                          "check the host and port in the URL and that the server is up")
+    if any(word in reason for word in ("password", "authentication", "pg_hba.conf")) or (
+            "role" in reason and "does not exist" in reason):
+        return StoreError(f"PostgreSQL refused the login for {where}: {reason}; check the user and password in the URL")
+    if "resolve host" in reason or "translate host name" in reason:
+        return StoreError(f"cannot connect to PostgreSQL for {where}: {reason}; fix the host in the URL")
+    if "database" in reason and "does not exist" in reason:
+        return StoreError(f"cannot open {where}: {reason}; create the database first (createdb NAME) "
+                          "or fix its name in the URL")
+    return StoreError(f"cannot connect to PostgreSQL for {where}: {reason}")
+
+
+class _PostgresConnection:
+    """A psycopg connection shaped like sqlite3's as the store uses it: ``?`` parameters, explicit
+    BEGIN/COMMIT (autocommit mode, like ``isolation_level=None``) and ``in_transaction``."""
+
+    def __init__(self, conn: Any, idle: Any) -> None:
+        self._conn, self._idle = conn, idle
+
+    def execute(self, sql: str, params: tuple | None = None) -> Any:
+        return self._conn.execute(sql.replace("?", "%s"), params)
+
+    @property
+    def in_transaction(self) -> bool:
+        return self._conn.info.transaction_status != self._idle
+
+    def close(self) -> None:
+        self._conn.close()
 
 
 def _now() -> str:
@@ -168,7 +259,8 @@ def _now() -> str:
 
 class TemplateStore:
     """A template store opened from a URL: ``sqlite:///relative.sqlite`` or ``sqlite:////absolute.sqlite``
-    (SQLAlchemy's convention) or a plain file path.
+    (SQLAlchemy's convention), a plain file path, or ``postgresql://user:pass@host:port/db`` (the
+    store's tables go in the database's current schema, which must hold no other tables).
 
     ``create=False`` refuses to create a missing store (readers and the CLI use it, so a mistyped
     path is an error rather than a new empty store). One connection, guarded by a lock, so an
@@ -179,23 +271,28 @@ class TemplateStore:
         self.url = url
         self.busy_timeout_s = busy_timeout_s
         self._lock = threading.RLock()
-        self._path, self._conn = self._connect(url, create)
+        scheme, sep, rest = url.partition("://")
+        if sep and scheme in ("postgresql", "postgres"):
+            self._dialect = _POSTGRESQL
+            self._path, self._conn = self._connect_postgresql(url, create)
+        else:
+            self._dialect, self._db_error = _SQLITE, sqlite3.Error
+            self._path, self._conn = self._connect_sqlite(url, create)
 
-    # --- connection and dialect: the one place that knows the store is SQLite ---
+    # --- connection and dialect: the one place that knows which database the store is in ---
 
-    def _connect(self, url: str, create: bool) -> tuple[str, sqlite3.Connection]:
+    def _connect_sqlite(self, url: str, create: bool) -> tuple[str, sqlite3.Connection]:
         scheme, sep, rest = url.partition("://")
         if not sep:
             scheme, rest = "sqlite", "/" + url  # a plain path
-        if scheme in ("postgresql", "postgres"):
-            raise StoreError(
-                f"PostgreSQL stores are not supported yet (no driver is installed): use a sqlite:///PATH URL instead of {url}"
-            )
         if scheme != "sqlite" or not rest.startswith("/") or len(rest) < 2:
-            raise StoreError(f"cannot open store {url!r}: use sqlite:///relative/path.sqlite or sqlite:////absolute/path.sqlite")
+            raise StoreError(
+                f"cannot open store {url!r}: use sqlite:///relative/path.sqlite, sqlite:////absolute/path.sqlite "
+                "or postgresql://user:password@host:port/database"
+            )
         path = os.path.abspath(rest[1:])
         # Look before writing anything: a read-only connection cannot change a file that is not ours.
-        has_schema = os.path.exists(path) and os.path.getsize(path) > 0 and self._check_is_store(path)
+        has_schema = os.path.exists(path) and os.path.getsize(path) > 0 and self._check_file_is_store(path)
         if not has_schema and not create:
             raise StoreError(f"no store at {path}: check --store / the URL, or create it by adding a version")
         if not has_schema:
@@ -216,52 +313,90 @@ class TemplateStore:
             raise
         return path, conn
 
-    def _check_is_store(self, path: str) -> bool:
-        """True for a tune-prompts store, False for an SQLite file with no tables at all (a store whose
-        creation has not committed yet); raises for anything else, without writing to the file."""
+    def _check_file_is_store(self, path: str) -> bool:
+        """``_is_store`` through a read-only connection, which cannot change a file that is not ours."""
         try:
             conn = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True, timeout=self.busy_timeout_s)
             try:
-                tables = _tables(conn)
-                app = conn.execute("SELECT value FROM meta WHERE key = 'app'").fetchone() if "meta" in tables else None
+                return self._is_store(conn, path)
             finally:
                 conn.close()
         except sqlite3.Error as exc:
             raise self._error(exc, path) from None
-        if tables and app != ("tune-prompts",):
+
+    def _connect_postgresql(self, url: str, create: bool) -> tuple[str, _PostgresConnection]:
+        where = _without_password(url)
+        try:
+            import psycopg  # only PostgreSQL stores need the driver
+        except ImportError:
+            raise StoreError(f"cannot open {where}: PostgreSQL stores need the psycopg driver: "
+                             "pip install 'psycopg[binary]' (scripts/setup.sh installs it)") from None
+        self._db_error = psycopg.Error
+        timeout_s = max(2, math.ceil(self.busy_timeout_s))  # libpq's smallest connect timeout is 2 s
+        try:
+            raw = psycopg.connect(url, autocommit=True, connect_timeout=timeout_s, application_name="tune-prompts")
+        except psycopg.Error as exc:
+            raise _postgres_connect_error(exc, where, timeout_s) from None
+        conn = _PostgresConnection(raw, psycopg.pq.TransactionStatus.IDLE)
+        try:
+            # A writer waits for the write lock up to the busy timeout, as SQLite's busy timeout does.
+            conn.execute(f"SET lock_timeout = {max(1, round(self.busy_timeout_s * 1000))}")
+            # Only reads until we know the schema holds no other tables.
+            has_schema = self._is_store(conn, where)
+            if not has_schema and not create:
+                raise StoreError(f"no store at {where}: check --store / the URL, or create it by adding a version")
+            if not has_schema:
+                self._create_schema(conn, where)
+        except psycopg.Error as exc:
+            conn.close()
+            raise self._error(exc, where) from None
+        except StoreError:
+            conn.close()
+            raise
+        return where, conn
+
+    def _is_store(self, conn: Any, path: str) -> bool:
+        """True for a tune-prompts store, False for a database (or schema) with no tables at all, such as
+        a store whose creation has not committed yet; raises StoreError for anything else. Only reads."""
+        tables = {name for (name,) in conn.execute(self._dialect.list_tables)}
+        app = conn.execute("SELECT value FROM meta WHERE key = 'app'").fetchone() if "meta" in tables else None
+        if tables and tuple(app or ()) != ("tune-prompts",):
             raise _not_a_store(path, tables)
         return bool(tables)
 
-    def _create_schema(self, conn: sqlite3.Connection, path: str) -> None:
-        conn.execute("PRAGMA journal_mode = WAL")  # persistent: readers never wait for a writer
-        conn.execute("BEGIN IMMEDIATE")
+    def _create_schema(self, conn: Any, path: str) -> None:
+        if self._dialect is _SQLITE:
+            conn.execute("PRAGMA journal_mode = WAL")  # persistent: readers never wait for a writer
         try:
+            for statement in self._dialect.begin_create:
+                conn.execute(statement)
             # Another process may have created the store since we looked; look again under the lock.
-            tables = _tables(conn)
-            if tables and "meta" not in tables:
-                raise _not_a_store(path, tables)
-            if not tables:
-                for statement in _SCHEMA.split(";\n"):
+            if not self._is_store(conn, path):
+                for statement in self._dialect.schema.split(";\n"):
                     if statement.strip():
                         conn.execute(statement)
-                conn.executemany(
-                    "INSERT INTO meta (key, value) VALUES (?, ?)",
-                    [("app", "tune-prompts"), ("schema_version", str(SCHEMA_VERSION))],
+                conn.execute(
+                    "INSERT INTO meta (key, value) VALUES (?, ?), (?, ?)",
+                    ("app", "tune-prompts", "schema_version", str(SCHEMA_VERSION)),
                 )
             conn.execute("COMMIT")
         finally:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
 
-    def _error(self, exc: sqlite3.Error, path: str | None = None) -> StoreError:
+    def _error(self, exc: Exception, path: str | None = None) -> StoreError:
         path = path or self._path
-        text = str(exc)
-        if "locked" in text or "busy" in text:
+        text = " ".join(str(exc).split())
+        if isinstance(exc, sqlite3.Error):
+            locked, not_a_database = "locked" in text or "busy" in text, "not a database" in text or "malformed" in text
+        else:  # psycopg: lock_not_available is what lock_timeout raises
+            locked, not_a_database = getattr(exc, "sqlstate", None) == "55P03", False
+        if locked:
             return StoreError(
                 f"the store at {path} is locked by another process; retry, or raise the busy timeout "
                 f"(now {self.busy_timeout_s:g} s)"
             )
-        if "not a database" in text or "malformed" in text:
+        if not_a_database:
             return StoreError(
                 f"{path} is not a tune-prompts store (file is not a database): "
                 "restore it from a backup or point --store at another path"
@@ -269,25 +404,26 @@ class TemplateStore:
         return StoreError(f"store at {path}: {text}")
 
     @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
+    def _transaction(self) -> Iterator[Any]:
         """One write transaction; everything inside commits together or not at all."""
         with self._lock:
             try:
-                self._conn.execute("BEGIN IMMEDIATE")
                 try:
+                    for statement in self._dialect.begin_write:
+                        self._conn.execute(statement)
                     yield self._conn
                     self._conn.execute("COMMIT")
                 finally:
                     if self._conn.in_transaction:
                         self._conn.execute("ROLLBACK")
-            except sqlite3.Error as exc:
+            except self._db_error as exc:
                 raise self._error(exc) from None
 
     def _query(self, sql: str, params: tuple = ()) -> list[tuple]:
         with self._lock:
             try:
                 return self._conn.execute(sql, params).fetchall()
-            except sqlite3.Error as exc:
+            except self._db_error as exc:
                 raise self._error(exc) from None
 
     def close(self) -> None:
@@ -357,7 +493,8 @@ class TemplateStore:
         return [_version_from_row(row) for row in rows]
 
     def tasks(self) -> list[str]:
-        return [task for (task,) in self._query("SELECT DISTINCT task FROM versions ORDER BY task")]
+        # Sorted here: ORDER BY on text follows the database's collation, which differs between databases.
+        return sorted(task for (task,) in self._query("SELECT DISTINCT task FROM versions"))
 
     def diff(self, a_id: int, b_id: int) -> dict:
         """Unified diff of the template texts of versions ``a_id`` -> ``b_id``, and ``b - a`` for every
@@ -381,7 +518,7 @@ class TemplateStore:
 
     # --- labels ---
 
-    def _version_for_task(self, conn: sqlite3.Connection, task: str, version_id: int) -> tuple:
+    def _version_for_task(self, conn: Any, task: str, version_id: int) -> tuple:
         row = conn.execute(f"SELECT {_VERSION_COLUMNS} FROM versions WHERE id = ?", (version_id,)).fetchone()
         if row is None:
             raise StoreError(f"no version {version_id} in the store at {self._path}; `tune-prompts store list {task}` shows them")
@@ -389,7 +526,7 @@ class TemplateStore:
             raise StoreError(f"version {version_id} belongs to task {row[1]!r}, not {task!r}; pick a version of {task!r}")
         return row
 
-    def _move(self, conn: sqlite3.Connection, task: str, label: str, version_id: int | None, action: str,
+    def _move(self, conn: Any, task: str, label: str, version_id: int | None, action: str,
               canary: Canary | None = None) -> None:
         conn.execute(
             "INSERT INTO label_history (task, label, version_id, action, share, ramp, moved_at)"
@@ -423,11 +560,10 @@ class TemplateStore:
         """Every label of ``task`` that points at a version now: label -> version id."""
         rows = self._query(
             "SELECT h.label, h.version_id FROM label_history h JOIN"
-            " (SELECT max(seq) AS seq FROM label_history WHERE task = ? GROUP BY label) newest ON newest.seq = h.seq"
-            " ORDER BY h.label",
+            " (SELECT max(seq) AS seq FROM label_history WHERE task = ? GROUP BY label) newest ON newest.seq = h.seq",
             (task,),
         )
-        return {label: version_id for label, version_id in rows if version_id is not None}
+        return {label: version_id for label, version_id in sorted(rows) if version_id is not None}
 
     def promote(self, task: str, version_id: int, *, force: bool = False) -> Version:
         """Make a version ``production`` and end any canary ramp, in one transaction.

@@ -1,9 +1,9 @@
-"""`tune-prompts store ...` through argparse and run(args): exit codes, tables, JSON, errors."""
+"""`tune-prompts store ...` through argparse and run(args): exit codes, tables, JSON, errors; on SQLite
+and PostgreSQL (the ``backend`` fixture in conftest.py)."""
 
 import argparse
 import json
 import os
-from pathlib import Path
 
 import pytest
 
@@ -24,10 +24,8 @@ def cli(*argv: str) -> int:
     return cli_store.run(parser.parse_args(list(argv)))
 
 
-@pytest.fixture
-def store_url(tmp_path):
+def fill(url: str) -> str:
     """risk: v1 in production, v2 a better child, v3 refused by the gate; summarize: v4."""
-    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
     with TemplateStore(url) as store:
         v1 = store.add_version("risk", Template.from_text("Classify {text}"), run_id="run-1", decision=PASSED,
                                scores={"test": {"balanced_accuracy": 0.70}}, latency={"latency_p95_ms": 120.0})
@@ -37,6 +35,11 @@ def store_url(tmp_path):
         store.add_version("summarize", Template.from_text("Summarize {text}"), decision=PASSED)
         store.promote("risk", v1.id)
     return url
+
+
+@pytest.fixture
+def store_url(backend):
+    return fill(backend.url)
 
 
 def state(url: str) -> tuple:
@@ -188,12 +191,20 @@ def test_missing_or_foreign_store_files(tmp_path, capsys):
     assert cli("store", "list", "--store", str(junk)) == 2
     assert "is not a tune-prompts store (file is not a database)" in capsys.readouterr().err
     assert junk.read_bytes() == b"not a database at all" * 100
-    assert cli("store", "list", "--store", "postgresql://db/prompts") == 2
-    assert "PostgreSQL stores are not supported yet" in capsys.readouterr().err
+    assert cli("store", "list", "--store", "postgresql://user:s3cret@127.0.0.1:1/prompts") == 2
+    assert capsys.readouterr().err == ("error: cannot connect to PostgreSQL for postgresql://user:***@127.0.0.1:1/prompts:"
+                                       " connection refused; start the server or fix the host and port in the URL\n")
 
 
-def test_default_store_comes_from_tune_prompts_home(store_url, monkeypatch, capsys):
-    monkeypatch.setenv("TUNE_PROMPTS_HOME", str(Path(store_url.removeprefix("sqlite:///")).parent))
+def test_a_missing_store_is_an_error_and_is_not_created(backend, capsys):
+    assert cli("store", "list", "--store", backend.url) == 2
+    assert capsys.readouterr().err.startswith("error: no store at ")
+    assert backend.snapshot() == {}
+
+
+def test_default_store_comes_from_tune_prompts_home(tmp_path, monkeypatch, capsys):
+    fill(f"sqlite:///{tmp_path / 'store.sqlite'}")
+    monkeypatch.setenv("TUNE_PROMPTS_HOME", str(tmp_path))
     assert cli("store", "list") == 0
     assert "risk" in capsys.readouterr().out
 

@@ -1,4 +1,5 @@
-"""The serving reader: cached lookups, canary routing, changes from other processes within a second."""
+"""The serving reader: cached lookups, canary routing, changes from other processes within a second;
+on SQLite and PostgreSQL (the ``backend`` fixture in conftest.py)."""
 
 import os
 import signal
@@ -27,9 +28,9 @@ def python(code: str, *args: str) -> subprocess.Popen:
 
 
 @pytest.fixture
-def url(tmp_path):
+def url(backend):
     """A store whose risk task has v1 in production and v2 ready."""
-    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    url = backend.url
     with TemplateStore(url) as store:
         v1 = store.add_version("risk", Template.from_text(V1_TEXT), decision=PASSED)
         store.add_version("risk", Template.from_text(V2_TEXT), decision=PASSED)
@@ -59,14 +60,14 @@ def test_get_and_render(url):
     reader.close()
 
 
-def test_a_missing_label_or_store_is_a_clear_error(url, tmp_path):
+def test_a_missing_label_or_store_is_a_clear_error(url, backend):
     reader = TemplateReader(url)
     with pytest.raises(StoreError, match="task 'risk' has no 'staging' template; its labels are \\['production'\\]"):
         reader.get("risk", "staging")
     with pytest.raises(StoreError, match="task 'nope' has no 'production' template; its labels are none"):
         reader.get("nope")
     with pytest.raises(StoreError, match="no store at"):
-        TemplateReader(f"sqlite:///{tmp_path / 'typo.sqlite'}")
+        TemplateReader(backend.new_url("typo"))
     with pytest.raises(ValueError, match="refresh_s"):
         TemplateReader(url, refresh_s=0)
 

@@ -1,13 +1,16 @@
-"""The versioned store on real SQLite files, with real processes for concurrency and crashes."""
+"""The versioned store on real SQLite files and a real PostgreSQL server (the ``backend`` fixture in
+conftest.py), with real processes for concurrency and crashes."""
 
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -40,8 +43,8 @@ def files_in(directory: Path) -> dict[str, bytes]:
 
 
 @pytest.fixture
-def store(tmp_path):
-    with TemplateStore(url_of(tmp_path / "store.sqlite")) as s:
+def store(backend):
+    with TemplateStore(backend.url) as s:
         yield s
 
 
@@ -120,14 +123,25 @@ def test_unknown_version_is_a_clear_error(store):
         "DELETE FROM label_history",
     ],
 )
-def test_versions_and_label_history_cannot_be_changed_even_with_raw_sql(tmp_path, sql):
-    path = tmp_path / "store.sqlite"
-    with TemplateStore(url_of(path)) as s:
+def test_versions_and_label_history_cannot_be_changed_even_with_raw_sql(backend, sql):
+    with TemplateStore(backend.url) as s:
         s.promote("risk", add(s, "v1"))
-    raw = sqlite3.connect(path)
-    with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+    raw = backend.connect()
+    with pytest.raises(backend.integrity_error, match="append-only"):
         raw.execute(sql)
     raw.close()
+
+
+@pytest.mark.parametrize("table", ["versions", "label_history"])
+def test_postgresql_refuses_truncate_too(postgres, table):
+    with TemplateStore(postgres.url) as s:
+        s.promote("risk", add(s, "v1"))
+    raw = postgres.connect()
+    with pytest.raises(postgres.integrity_error, match="append-only"):
+        raw.execute(f"TRUNCATE {table} CASCADE")
+    raw.close()
+    with TemplateStore(postgres.url) as s:
+        assert s.labels("risk") == {"production": 1}
 
 
 # --- labels, promotion, rollback ---
@@ -305,9 +319,7 @@ def test_url_forms(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     "url, message",
     [
-        ("postgresql://user@db/prompts", "PostgreSQL stores are not supported yet"),
-        ("postgres://db/prompts", "not supported yet"),
-        ("mysql://db/prompts", "use sqlite:///"),
+        ("mysql://db/prompts", "use sqlite:///.* or postgresql://user:password@host:port/database"),
         ("sqlite://", "use sqlite:///"),
     ],
 )
@@ -316,10 +328,44 @@ def test_unsupported_urls_are_clear_errors(url, message):
         TemplateStore(url)
 
 
-def test_create_false_refuses_a_missing_store_and_creates_nothing(tmp_path):
-    with pytest.raises(StoreError, match="no store at .*missing.sqlite"):
-        TemplateStore(url_of(tmp_path / "missing.sqlite"), create=False)
-    assert list(tmp_path.iterdir()) == []
+@pytest.mark.parametrize(
+    "url, shown",
+    [
+        ("postgresql://user@127.0.0.1:1/prompts", "postgresql://user@127.0.0.1:1/prompts"),
+        ("postgres://user:s3cret@127.0.0.1:1/prompts", "postgres://user:***@127.0.0.1:1/prompts"),
+        ("postgresql://127.0.0.1:1/prompts?user=u&password=s3cret", "postgresql://127.0.0.1:1/prompts?user=u&password=***"),
+    ],
+)
+def test_an_unreachable_postgresql_server_is_a_clear_error_without_the_password(url, shown):
+    with pytest.raises(StoreError) as exc:
+        TemplateStore(url)
+    assert str(exc.value) == (f"cannot connect to PostgreSQL for {shown}: connection refused; "
+                              "start the server or fix the host and port in the URL")
+
+
+def test_postgresql_without_the_driver_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # what a missing package looks like to import
+    with pytest.raises(StoreError, match=r"PostgreSQL stores need the psycopg driver: pip install 'psycopg\[binary\]'"):
+        TemplateStore("postgresql://user@127.0.0.1:1/prompts")
+
+
+def test_postgresql_login_and_database_errors_are_clear(postgres):
+    parts = urlsplit(postgres.admin_url)
+    host = parts.netloc.rpartition("@")[2]
+    no_role = parts._replace(netloc=f"no_such_role@{host}").geturl()
+    with pytest.raises(StoreError, match=r'PostgreSQL refused the login for .*: role "no_such_role" does not exist; '
+                                         "check the user and password in the URL"):
+        TemplateStore(no_role)
+    no_db = parts._replace(path="/no_such_database", query="").geturl()
+    for create in (True, False):
+        with pytest.raises(StoreError, match=r'database "no_such_database" does not exist; create the database first'):
+            TemplateStore(no_db, create=create)
+
+
+def test_create_false_refuses_a_missing_store_and_creates_nothing(backend):
+    with pytest.raises(StoreError, match=f"no store at {re.escape(backend.location)}: check --store"):
+        TemplateStore(backend.url, create=False)
+    assert backend.snapshot() == {}
 
 
 def test_an_sqlite_file_without_tables_becomes_a_store(tmp_path):
@@ -332,26 +378,27 @@ def test_an_sqlite_file_without_tables_becomes_a_store(tmp_path):
         assert add(s, "v1") == 1
 
 
-@pytest.mark.parametrize("lock", ["IMMEDIATE", "EXCLUSIVE"])
-def test_a_locked_store_gives_a_clear_error_and_changes_nothing(tmp_path, lock):
-    path = tmp_path / "store.sqlite"
-    with TemplateStore(url_of(path)) as s:
+@pytest.mark.parametrize("lock", ["write", "exclusive"])
+def test_a_locked_store_gives_a_clear_error_and_changes_nothing(backend, lock):
+    with TemplateStore(backend.url) as s:
         v1, v2 = add(s, "v1"), add(s, "v2")
         s.promote("risk", v1)
-    holder = sqlite3.connect(path, isolation_level=None)
-    holder.execute(f"BEGIN {lock}")
+    holder = backend.connect()
+    for statement in backend.locks[lock]:
+        holder.execute(statement)
     try:
-        with TemplateStore(url_of(path), busy_timeout_s=0.1) as s:
-            assert s.get_label("risk", "production").id == v1  # reads still work (WAL)
+        with TemplateStore(backend.url, busy_timeout_s=0.1) as s:
+            assert s.get_label("risk", "production").id == v1  # reads still work (WAL; PostgreSQL's MVCC)
             for write in (lambda: add(s, "v3"), lambda: s.promote("risk", v2), lambda: s.rollback("risk")):
                 started = time.monotonic()
-                with pytest.raises(StoreError, match=f"the store at {path} is locked by another process; retry"):
+                with pytest.raises(StoreError, match=f"the store at {re.escape(backend.location)} is locked by "
+                                                     r"another process; retry, or raise the busy timeout \(now 0.1 s\)"):
                     write()
                 assert time.monotonic() - started < 2
     finally:
         holder.execute("ROLLBACK")
         holder.close()
-    with TemplateStore(url_of(path)) as s:
+    with TemplateStore(backend.url) as s:
         assert [v.id for v in s.list_versions("risk")] == [v1, v2]
         assert s.labels("risk") == {"production": v1}
         assert s.generation() == 1
@@ -367,17 +414,28 @@ def test_random_bytes_are_not_a_store_and_stay_untouched(tmp_path):
     assert files_in(tmp_path) == before
 
 
-def test_another_apps_sqlite_file_is_not_a_store_and_stays_untouched(tmp_path):
-    path = tmp_path / "app.sqlite"
-    raw = sqlite3.connect(path)
+def test_another_apps_data_is_not_a_store_and_stays_untouched(backend):
+    raw = backend.connect()
     raw.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
-    raw.execute("INSERT INTO users (name) VALUES ('ada')")
-    raw.commit()
+    raw.execute("INSERT INTO users (id, name) VALUES (1, 'ada')")
     raw.close()
-    before = files_in(tmp_path)
-    with pytest.raises(StoreError, match=r"not a tune-prompts store \(schema missing: it holds tables \['users'\]\)"):
-        TemplateStore(url_of(path))
-    assert files_in(tmp_path) == before
+    before = backend.snapshot()
+    assert before  # the other app's table and row are there to be left alone
+    for create in (True, False):
+        with pytest.raises(StoreError, match=r"not a tune-prompts store \(schema missing: it holds tables \['users'\]\)"):
+            TemplateStore(backend.url, create=create)
+    assert backend.snapshot() == before
+
+
+def test_a_meta_table_of_another_app_is_not_a_store(backend):
+    raw = backend.connect()
+    raw.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    raw.execute("INSERT INTO meta (key, value) VALUES ('app', 'someone-else')")
+    raw.close()
+    before = backend.snapshot()
+    with pytest.raises(StoreError, match=r"not a tune-prompts store \(schema missing: it holds tables \['meta'\]\)"):
+        TemplateStore(backend.url)
+    assert backend.snapshot() == before
 
 
 # --- real processes ---
@@ -399,15 +457,15 @@ for i in range(n):
 """
 
 
-def test_concurrent_writers_lose_no_version_and_keep_labels_consistent(tmp_path):
+def test_concurrent_writers_lose_no_version_and_keep_labels_consistent(backend):
     # Four processes create the same new store at once, then add, promote and roll back interleaved.
-    path, writers, per_writer = tmp_path / "store.sqlite", 4, 12
-    procs = [python(WRITER, url_of(path), f"w{w}", str(per_writer)) for w in range(writers)]
+    writers, per_writer = 4, 12
+    procs = [python(WRITER, backend.url, f"w{w}", str(per_writer)) for w in range(writers)]
     outputs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0] * writers, [err for _, err in outputs]
     promoted = [int(line.split()[1]) for out, _ in outputs for line in out.splitlines() if line.startswith("promoted")]
 
-    with TemplateStore(url_of(path)) as s:
+    with TemplateStore(backend.url) as s:
         versions = s.list_versions("risk")
         assert sorted(promoted) == [v.id for v in versions] == list(range(1, writers * per_writer + 1))
         for w in range(writers):
@@ -415,7 +473,7 @@ def test_concurrent_writers_lose_no_version_and_keep_labels_consistent(tmp_path)
             assert texts == [f"w{w} {i}: {{text}}" for i in range(per_writer)]
         # Replay the production history independently: every rollback returned to the version
         # below the top of the stack, and the label now is the stack's top.
-        raw = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        raw = backend.connect()
         history = raw.execute("SELECT version_id, action FROM label_history WHERE label = 'production' ORDER BY seq")
         stack = []
         for version_id, action in history.fetchall():
@@ -459,18 +517,17 @@ else:
 
 
 @pytest.mark.parametrize("operation", ["promote", "add_version"])
-def test_a_writer_killed_before_commit_leaves_the_old_state(tmp_path, operation):
-    path = tmp_path / "store.sqlite"
-    with TemplateStore(url_of(path)) as s:
+def test_a_writer_killed_before_commit_leaves_the_old_state(backend, operation):
+    with TemplateStore(backend.url) as s:
         v1, v2 = add(s, "v1"), add(s, "v2")
         s.promote("risk", v1)
         s.set_canary("risk", v2, 0.05)
         gen = s.generation()
 
-    child = python(PAUSE_BEFORE_COMMIT, url_of(path), operation, str(v2))
+    child = python(PAUSE_BEFORE_COMMIT, backend.url, operation, str(v2))
     try:
         assert child.stdout.readline().strip() == "written, not committed", child.stderr.read()
-        with TemplateStore(url_of(path)) as s:  # while it holds the write lock, others read the old state
+        with TemplateStore(backend.url) as s:  # while it holds the write lock, others read the old state
             assert s.labels("risk") == {"production": v1, "canary": v2}
             assert len(s.list_versions("risk")) == 2
         child.send_signal(signal.SIGKILL)
@@ -480,11 +537,12 @@ def test_a_writer_killed_before_commit_leaves_the_old_state(tmp_path, operation)
         child.communicate()
     assert child.returncode == -signal.SIGKILL
 
-    with TemplateStore(url_of(path), busy_timeout_s=1) as s:
+    with TemplateStore(backend.url, busy_timeout_s=1) as s:
         assert s.labels("risk") == {"production": v1, "canary": v2}
         assert s.canary("risk") == Canary(v2, 0.05)
         assert [v.id for v in s.list_versions("risk")] == [v1, v2]
         assert s.generation() == gen
         s.promote("risk", v2)  # the lock died with the process
         assert s.labels("risk") == {"production": v2}
-    assert sqlite3.connect(path).execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    if backend.name == "sqlite":
+        assert sqlite3.connect(backend.location).execute("PRAGMA integrity_check").fetchone() == ("ok",)
