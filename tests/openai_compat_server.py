@@ -1,0 +1,253 @@
+"""A small OpenAI-compatible HTTP server on loopback, for tests: the real embedded model or a scripted one.
+
+Routes, shaped like vLLM's: ``GET /v1/models``, ``POST /v1/chat/completions`` and ``POST /v1/completions``,
+greedy (temperature 0) with real top-k log-probs of each generated token. Chat messages go through the
+tokenizer's chat template with ``add_generation_prompt=True`` and are tokenized without special tokens added,
+as vLLM does for chat. Errors look like vLLM's: ``{"error": {"message", "type", "code"}}``, and an unknown route
+is FastAPI's ``{"detail": "Not Found"}``.
+
+``server.faults`` simulates a bad server (it may be changed while running):
+``stall_s`` (sleep before answering), ``fail_first`` (500 for the first N completion requests),
+``rate_limit_first`` (429 for the first N), ``no_logprobs`` (answer text only, ``logprobs: null``),
+``no_choices`` (200 with an empty ``choices`` list).
+
+    with OpenAICompatServer(ModelBackend(load_causal_lm()), "smollm2") as server:
+        server.base_url  # http://127.0.0.1:<free port>/v1
+
+Run it by hand to point the CLI at it: ``python tests/openai_compat_server.py --port 8000``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable
+
+MAX_TOP_LOGPROBS = 20  # vLLM's default --max-logprobs; OpenAI's chat API limit
+
+# One generated position: the chosen token, its log-prob, and the top alternatives [(token, log-prob)].
+Step = tuple[str, float, list[tuple[str, float]]]
+
+
+@dataclass
+class Faults:
+    stall_s: float = 0.0  # sleep this long before answering a completion request
+    fail_first: int = 0  # answer the first N completion requests with 500
+    rate_limit_first: int = 0  # answer the first N completion requests with 429
+    no_logprobs: bool = False  # a server without log-probs: answer text only
+    no_choices: bool = False  # a broken server: 200 with an empty "choices" list
+
+
+class ModelBackend:
+    """The real model, greedy. One request at a time: a lock keeps CPU threads from fighting."""
+
+    def __init__(self, lm):
+        self.lm = lm
+        self._lock = threading.Lock()
+
+    def prompt_ids(self, messages: list[dict] | None, prompt: str | None) -> list[int]:
+        tok = self.lm.tokenizer
+        if messages is not None:
+            prompt = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return tok(prompt, add_special_tokens=False).input_ids
+
+    def generate(self, messages: list[dict] | None, prompt: str | None, max_tokens: int, top_k: int) -> list[Step]:
+        import torch
+
+        tok, model = self.lm.tokenizer, self.lm.model
+        ids = self.prompt_ids(messages, prompt)
+        steps: list[Step] = []
+        with self._lock, torch.inference_mode():
+            for _ in range(max_tokens):
+                logits = model(input_ids=torch.tensor([ids]), logits_to_keep=1).logits[0, -1]
+                logprobs = torch.log_softmax(logits.float(), dim=-1)
+                values, indices = logprobs.topk(max(top_k, 1))
+                chosen = int(indices[0])
+                top = [(tok.decode([int(i)]), float(v)) for v, i in zip(values[:top_k], indices[:top_k])]
+                steps.append((tok.decode([chosen]), float(values[0]), top))
+                ids.append(chosen)
+                if chosen == tok.eos_token_id:
+                    break
+        return steps
+
+
+class ScriptedBackend:
+    """No model: ``rule(prompt text) -> [(token, log-prob)]``, most likely first. Each step repeats the rule's answer."""
+
+    def __init__(self, rule: Callable[[str], list[tuple[str, float]]]):
+        self.rule = rule
+
+    def generate(self, messages: list[dict] | None, prompt: str | None, max_tokens: int, top_k: int) -> list[Step]:
+        text = messages[-1]["content"] if messages is not None else prompt
+        top = self.rule(text)
+        return [(top[0][0], top[0][1], top[:top_k])]
+
+
+class OpenAICompatServer:
+    def __init__(self, backend, model_name: str = "smollm2-135m-instruct", *, api_key: str | None = None,
+                 faults: Faults | None = None):
+        self.backend = backend
+        self.model_name = model_name
+        self.api_key = api_key
+        self.faults = faults or Faults()
+        self.completion_requests = 0  # POSTs to a completion route, faulted ones included
+        self.log: list[tuple[str, int]] = []  # (path, status) of every request
+        self._count_lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._httpd: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def port(self) -> int:
+        assert self._httpd is not None, "start() the server first"
+        return self._httpd.server_address[1]
+
+    def start(self, port: int = 0) -> "OpenAICompatServer":
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", port), _handler_for(self))
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="openai-compat-server", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._httpd is None:
+            return
+        self._stopping.set()  # wakes stalled handlers
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=10)
+        self._httpd = None
+
+    def __enter__(self) -> "OpenAICompatServer":
+        return self.start() if self._httpd is None else self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # --- request handling (called from handler threads) ----------------------------------------------
+    def handle(self, method: str, path: str, headers, body: bytes) -> tuple[int, dict, dict]:
+        """(status, JSON body, extra headers) for one request."""
+        if self.api_key is not None and headers.get("Authorization") != f"Bearer {self.api_key}":
+            return 401, {"error": "Unauthorized"}, {}
+        if method == "GET" and path == "/v1/models":
+            return 200, {"object": "list", "data": [{"id": self.model_name, "object": "model", "owned_by": "tests"}]}, {}
+        if method != "POST" or path not in ("/v1/chat/completions", "/v1/completions"):
+            return 404, {"detail": "Not Found"}, {}
+        with self._count_lock:
+            self.completion_requests += 1
+            n = self.completion_requests
+        faults = self.faults
+        if faults.stall_s:
+            self._stopping.wait(faults.stall_s)
+        if n <= faults.fail_first:
+            return 500, _error(f"simulated failure {n} of {faults.fail_first}", "InternalServerError", 500), {}
+        if n <= faults.rate_limit_first:
+            return 429, _error("simulated rate limit", "RateLimitError", 429), {"Retry-After": "0"}
+        try:
+            request = json.loads(body)
+        except ValueError:
+            return 400, _error("the body is not JSON", "BadRequestError", 400), {}
+        if request.get("model") != self.model_name:
+            return 404, _error(f"The model `{request.get('model')}` does not exist.", "NotFoundError", 404), {}
+        chat = path.endswith("/chat/completions")
+        if chat:
+            want = request.get("top_logprobs", 0) if request.get("logprobs") else None
+        else:
+            want = request.get("logprobs")
+        if want is not None and not 0 <= int(want) <= MAX_TOP_LOGPROBS:
+            return 400, _error(f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}", "BadRequestError", 400), {}
+        if faults.no_choices:
+            return 200, {"id": f"cmpl-{n}", "object": "chat.completion", "model": self.model_name, "choices": []}, {}
+        if faults.no_logprobs:
+            want = None
+        steps = self.backend.generate(
+            request.get("messages") if chat else None, None if chat else request.get("prompt", ""),
+            int(request.get("max_tokens") or 16), int(want or 0),
+        )
+        text = "".join(token for token, _, _ in steps)
+        choice: dict = {"index": 0, "finish_reason": "length"}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": text}
+            choice["logprobs"] = None if want is None else {"content": [
+                {"token": t, "logprob": lp, "bytes": list(t.encode()),
+                 "top_logprobs": [{"token": a, "logprob": b, "bytes": list(a.encode())} for a, b in top]}
+                for t, lp, top in steps
+            ]}
+        else:
+            choice["text"] = text
+            choice["logprobs"] = None if want is None else {
+                "tokens": [t for t, _, _ in steps],
+                "token_logprobs": [lp for _, lp, _ in steps],
+                "top_logprobs": [dict(top) for _, _, top in steps],
+            }
+        return 200, {
+            "id": f"cmpl-{n}", "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()), "model": self.model_name, "choices": [choice],
+            "usage": {"completion_tokens": len(steps)},
+        }, {}
+
+
+def _error(message: str, kind: str, code: int) -> dict:
+    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+
+
+def _handler_for(server: OpenAICompatServer):
+    class Handler(BaseHTTPRequestHandler):
+        def _respond(self, method: str) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            path = self.path.split("?", 1)[0]
+            status, payload, extra = server.handle(method, path, self.headers, body)
+            server.log.append((path, status))
+            data = json.dumps(payload).encode()
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                for name, value in extra.items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(data)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client gave up (a stalled answer after its timeout)
+
+        def do_GET(self) -> None:
+            self._respond("GET")
+
+        def do_POST(self) -> None:
+            self._respond("POST")
+
+        def log_message(self, format: str, *args) -> None:  # quiet; server.log has what tests need
+            pass
+
+    return Handler
+
+
+if __name__ == "__main__":
+    import argparse
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from pipelines.models import EMBEDDED, load_causal_lm
+
+    parser = argparse.ArgumentParser(description="Serve the embedded model over an OpenAI-compatible API on loopback.")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--model", default=EMBEDDED, help="what load_causal_lm() loads")
+    parser.add_argument("--name", default="smollm2-135m-instruct", help="the model id clients send")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    args = parser.parse_args()
+    srv = OpenAICompatServer(ModelBackend(load_causal_lm(args.model, dtype=args.dtype)), args.name).start(args.port)
+    print(f"serving {args.name} at {srv.base_url}", flush=True)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        srv.stop()
