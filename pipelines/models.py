@@ -33,11 +33,11 @@ class ModelLoadError(RuntimeError):
 
 def home() -> Path:
     """Where tune-prompts keeps its model cache, store and runs: $TUNE_PROMPTS_HOME or ~/.tune-prompts."""
-    return Path(os.environ.get("TUNE_PROMPTS_HOME", Path.home() / ".tune-prompts")).expanduser()
+    return Path(os.environ.get("TUNE_PROMPTS_HOME") or Path.home() / ".tune-prompts").expanduser()
 
 
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("TUNE_PROMPTS_MODEL_CACHE", home() / "models")).expanduser()
+    return Path(os.environ.get("TUNE_PROMPTS_MODEL_CACHE") or home() / "models").expanduser()
 
 
 @dataclass

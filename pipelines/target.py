@@ -1,7 +1,8 @@
 """The target model as a classifier: label scores for (template, example) pairs.
 
 A pair is scored by the target's next-token logits for the first token of each label's verbalizer
-after the rendered prompt (inside the model's chat template). The scores returned are log-probabilities
+(pooled over its capitalisations: "yes", "Yes", " yes", ...) after the rendered prompt (inside the
+model's chat template). The scores returned are log-probabilities
 normalised over the task's labels, so "P(yes) vs P(no)" is ``scores[:, yes] - scores[:, no]``.
 
 ``score_naive`` is the reference: one unbatched forward pass per pair over the whole prompt, logits at
@@ -55,17 +56,37 @@ class ScorerStats:
         }
 
 
-def label_token_ids(tokenizer, verbalizers: list[str]) -> list[int]:
-    """The first token of each verbalizer as the model would write it at the start of its answer."""
-    ids = []
+def label_token_ids(tokenizer, verbalizers: list[str]) -> list[list[int]]:
+    """For each verbalizer, the first tokens of the ways the model may start writing it: ``yes``, ``Yes``,
+    ``YES``, with and without a leading space, where the whole form is one token (a first piece such as
+    "Y" would also start unrelated words). Small chat models mostly answer "Yes"/"No" with a capital;
+    counting only the lowercase token throws most of their signal away."""
+    ids: list[list[int]] = []
     for word in verbalizers:
-        tokens = tokenizer.encode(word, add_special_tokens=False)
-        if not tokens:
-            raise ValueError(f"verbalizer {word!r} encodes to no tokens")
-        ids.append(tokens[0])
-    if len(set(ids)) != len(ids):
+        variants = []
+        for form in dict.fromkeys((word, word.capitalize(), word.upper(), word.lower())):
+            for spaced in (form, " " + form):
+                tokens = tokenizer.encode(spaced, add_special_tokens=False)
+                if len(tokens) == 1 and tokens[0] not in variants:
+                    variants.append(tokens[0])
+        if not variants:  # no single-token form: fall back to the first token of the word as given
+            tokens = tokenizer.encode(word, add_special_tokens=False)
+            if not tokens:
+                raise ValueError(f"verbalizer {word!r} encodes to no tokens")
+            variants = [tokens[0]]
+        ids.append(variants)
+    flat = [t for variants in ids for t in variants]
+    if len(set(flat)) != len(flat):
         raise ValueError(f"verbalizers {verbalizers} start with the same token; pick words that differ at the start")
     return ids
+
+
+def label_logprobs(logits: torch.Tensor, label_ids: list[list[int]]) -> np.ndarray:
+    """Log-probs over the labels from next-token logits: each label's variants pooled (log-sum-exp),
+    then normalised over the labels. ``logits`` is (..., vocab) or already restricted to the flat ids."""
+    logits = logits.float()
+    pooled = torch.stack([torch.logsumexp(logits[..., ids], dim=-1) for ids in label_ids], dim=-1)
+    return torch.log_softmax(pooled, dim=-1).numpy()
 
 
 def prompt_frame(tokenizer, template: Template, chat_template: bool) -> tuple[str, str]:
@@ -83,10 +104,6 @@ def prompt_frame(tokenizer, template: Template, chat_template: bool) -> tuple[st
     return before, after
 
 
-def _label_logprobs(logits: torch.Tensor) -> np.ndarray:
-    return torch.log_softmax(logits.float(), dim=-1).numpy()
-
-
 @torch.inference_mode()
 def score_naive(lm: LoadedLM, template: Template, texts: list[str], verbalizers: list[str], chat_template: bool = True):
     """Reference scorer: one forward pass per pair over the whole prompt, full-vocabulary logits."""
@@ -96,7 +113,7 @@ def score_naive(lm: LoadedLM, template: Template, texts: list[str], verbalizers:
     for text in texts:
         ids = lm.tokenizer(before + text + after, return_tensors="pt", add_special_tokens=False).input_ids
         logits = lm.model(input_ids=ids).logits[0, -1]
-        rows.append(_label_logprobs(logits[label_ids]))
+        rows.append(label_logprobs(logits, label_ids))
     return np.stack(rows) if rows else np.zeros((0, len(verbalizers)), dtype=np.float32)
 
 
@@ -124,7 +141,13 @@ class LabelScorer:
         self._body = model.get_decoder() if hasattr(model, "get_decoder") else model.model
         # Only the label rows of the output layer are ever needed; kept in float32 so that the log-odds are
         # not rounded to bfloat16's steps (0.125 at typical logit sizes), which would tie many examples.
-        self._label_head = model.get_output_embeddings().weight[self.label_ids].detach().float()
+        flat = [t for ids in self.label_ids for t in ids]
+        self._label_head = model.get_output_embeddings().weight[flat].detach().float()
+        # label_ids re-indexed into the rows of _label_head
+        self._head_index, start = [], 0
+        for ids in self.label_ids:
+            self._head_index.append(list(range(start, start + len(ids))))
+            start += len(ids)
         self._pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
 
     # --- public API ------------------------------------------------------------------------
@@ -215,9 +238,9 @@ class LabelScorer:
                 input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=prefix_kv is not None, **kwargs
             ).last_hidden_state
             picked = hidden[torch.arange(len(rows)), last]  # (rows, d): each row's last real position
-            logits = picked.float() @ self._label_head.T
+            scores = label_logprobs(picked.float() @ self._label_head.T, self._head_index)
             for r, i in enumerate(rows):
-                results[i] = _label_logprobs(logits[r])
+                results[i] = scores[r]
             self.stats.tokens_forward += len(rows) * width
             self.stats.forward_s.append(time.perf_counter() - t0)
         return results
