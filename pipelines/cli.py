@@ -25,9 +25,10 @@ from pipelines.config import ConfigError, TaskConfig, builtin_tasks, load_task
 from pipelines.data import DataError, label_counts, load_examples, split_examples
 from pipelines.models import EMBEDDED, ModelLoadError
 from rewards.judge import JudgeError
+from templates.store import StoreError, default_store_url
 from templates.template import Template, TemplateError
 
-USER_ERRORS = (ConfigError, DataError, TemplateError, ModelLoadError, JudgeError)
+USER_ERRORS = (ConfigError, DataError, TemplateError, ModelLoadError, JudgeError, StoreError, FileExistsError, FileNotFoundError)
 
 
 def quiet_libraries() -> None:
@@ -37,6 +38,7 @@ def quiet_libraries() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # idle torch threads must not spin while Ray actors compute
     warnings.filterwarnings("ignore", message=".*pynvml.*")
     warnings.filterwarnings("ignore", category=FutureWarning)
 
@@ -214,6 +216,61 @@ def cmd_eval(args) -> int:
     return 0
 
 
+def cmd_tune(args) -> int:
+    from pipelines.loop import RunOptions, tune
+
+    task = load_task(args.task)
+    changes = {}
+    if args.candidates:
+        changes["generation.candidates_per_step"] = args.candidates
+    if changes:
+        task = task.with_overrides(**changes)
+    run_dir = args.run_dir or str(Path("runs") / f"{task.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    if args.resume and not args.run_dir:
+        raise ConfigError("--resume needs --run-dir, the folder of the run to continue")
+    options = RunOptions(
+        steps=args.steps, policy_model=args.policy_model, target_model=args.model, judge_model=args.judge_model,
+        num_scorers=args.num_scorers, ray_address=args.ray_address, run_dir=run_dir, seed=args.seed,
+        dev_examples=args.dev_examples or None, wandb_mode=args.wandb_mode, wandb_project=args.wandb_project,
+        wandb_entity=args.wandb_entity, store_url=None if args.no_store else (args.store or default_store_url()),
+        promote=not args.no_promote, progress=not args.json,
+    )
+    if args.backend == "openrlhf":
+        from pipelines.openrlhf_job import prepare_job
+
+        return prepare_job(task, options, dry_run=args.dry_run, json_output=args.json)
+    log = (lambda *a: print(*a, file=sys.stderr)) if args.json else print
+    log(f"tune-prompts: task {task.name}, {options.steps} steps x {task.generation.candidates_per_step} candidates, run folder {run_dir}")
+    report = tune(task, options, resume=args.resume, log=log)
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+        return 0
+    print_final_table(task, report)
+    return 0
+
+
+def print_final_table(task: TaskConfig, report: dict) -> None:
+    rows = report["test"]
+    metric = task.scoring.metric
+    columns = ["template_name", metric, "roc_auc", "accuracy", "macro_f1", "total_reward",
+               *task.judge.rubrics, *[k for k in rows[0] if k.startswith("pdr/")], "tokens", "latency_p95_ms"]
+    print(f"\nheld-out test split ({task.name}): seed template vs the best tuned candidates")
+    print(table(rows, columns))
+    seed = rows[0][metric]
+    best = max(rows[1:], key=lambda r: r[metric] if r[metric] is not None else -1, default=None)
+    if best is not None and seed is not None and best[metric] is not None:
+        print(f"\n{metric}: seed {seed:.3f} -> tuned {best[metric]:.3f} ({best[metric] - seed:+.3f}), {best['template_name']}")
+    print("\ninstructions:")
+    for row in rows:
+        print(f"  {row['template_name']}: {row['instruction']!r}")
+    if "promotion" in report:
+        p = report["promotion"]
+        print(f"\nstore: version {p.get('version')} {'PROMOTED' if p['promoted'] else 'not promoted'}; production is version {p['production']}")
+        for reason in p["reasons"]:
+            print(f"  {reason}")
+    print(f"\nreport: {report['run_dir']}/report.json   W&B (offline) run: {report['wandb_folder']}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tune-prompts",
@@ -223,6 +280,29 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="examples:\n  tune-prompts --task risk\n  tune-prompts tasks\n  tune-prompts render --task risk -n 3\n"
         "  tune-prompts eval --task risk --split test",
     )
+    parser.add_argument("--task", help=f"the task to tune: a built-in ({', '.join(builtin_tasks())}) or a task YAML file")
+    tuning = parser.add_argument_group("tuning (with --task and no command)")
+    tuning.add_argument("--steps", type=int, default=6, help="PPO steps (default 6)")
+    tuning.add_argument("--candidates", type=int, help="candidates per step (default: the task's, 8)")
+    tuning.add_argument("--dev-examples", type=int, default=100, help="dev examples per candidate reward (default 100; 0: all)")
+    tuning.add_argument("--run-dir", help="run folder for checkpoints, report and W&B files (default runs/<task>-<time>)")
+    tuning.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
+    tuning.add_argument("--seed", type=int, default=0)
+    tuning.add_argument("--backend", choices=["local", "openrlhf"], default="local",
+                        help="local: this machine's PPO loop (default); openrlhf: write the train_ppo_ray job and submit it")
+    tuning.add_argument("--dry-run", action="store_true", help="with --backend openrlhf: print the job instead of submitting it")
+    tuning.add_argument("--ray-address", help="Ray cluster address (default: a local Ray)")
+    tuning.add_argument("--num-scorers", type=int, default=1, help="Ray scoring actors (default 1)")
+    tuning.add_argument("--policy-model", default=EMBEDDED, help="the policy that writes instructions")
+    tuning.add_argument("--model", default=EMBEDDED, help="the target model (and judge, unless --judge-model)")
+    tuning.add_argument("--judge-model", help="a separate judge model")
+    tuning.add_argument("--store", help="template store URL (default sqlite:///$TUNE_PROMPTS_HOME/store.sqlite)")
+    tuning.add_argument("--no-store", action="store_true", help="do not record the result in the store")
+    tuning.add_argument("--no-promote", action="store_true", help="record the result but never move production")
+    tuning.add_argument("--wandb-mode", choices=["offline", "online", "disabled"], default="offline")
+    tuning.add_argument("--wandb-project", default="tune-prompts")
+    tuning.add_argument("--wandb-entity")
+    tuning.add_argument("--json", action="store_true", help="print the final report as JSON")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("tasks", help="list tasks with data sizes and label balance")
@@ -257,8 +337,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
-        parser.print_help()
-        return 2
+        if not args.task:
+            parser.print_help()
+            return 2
+        args.func = cmd_tune
     try:
         return args.func(args)
     except USER_ERRORS as exc:

@@ -78,7 +78,7 @@ class ScoringConfig(_Strict):
     batch_size: int = Field(16, gt=0)
     calibration_examples: int = Field(120, ge=2, description="train examples used to fit the decision threshold")
     robustness_attacks: tuple[Literal["checklist", "stresstest"], ...] = ("checklist", "stresstest")
-    robustness_examples: int = Field(60, ge=2, description="dev examples scored per perturbed template")
+    robustness_examples: int = Field(30, ge=2, description="dev examples scored per perturbed template")
 
 
 class JudgeConfig(_Strict):
@@ -98,6 +98,47 @@ class RewardConfig(_Strict):
         return weights
 
 
+class GenerationConfig(_Strict):
+    """How the policy writes candidates."""
+
+    candidates_per_step: int = Field(8, ge=2, description="instructions sampled per step (the PPO batch)")
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    meta_prompt: str = Field(
+        "You write instructions for an AI assistant that classifies short texts.\n"
+        "Task: {description}\n"
+        "Current instruction: \"{instruction}\"\n"
+        "Weakest points of the current prompt: {weaknesses}.\n"
+        "Write a better instruction for this task in one to three sentences. Reply with the instruction only.",
+        description="what the policy reads; fills {description}, {instruction}, {weaknesses}",
+    )
+
+
+class PPOConfig(_Strict):
+    """The policy update (pipelines/openrlhf_adapter.py reads these fields; see PPO_CONFIG_FIELDS there)."""
+
+    advantage_estimator: Literal["gae", "reinforce", "rloo", "reinforce_baseline", "group_norm", "dr_grpo"] = "gae"
+    gamma: float = 1.0
+    lambd: float = 0.95
+    clip_eps: float = 0.2
+    value_clip_eps: float | None = 0.2
+    kl_coef: float = Field(0.02, ge=0)
+    kl_target: float | None = None
+    kl_horizon: int = 10000
+    kl_estimator: Literal["k1", "k2", "k3"] = "k1"
+    ppo_epochs: int = Field(2, ge=1)
+    minibatch_size: int = Field(4, ge=1)
+    lr: float = Field(2e-4, gt=0, description="LoRA learning rate")
+    critic_lr: float = Field(1e-3, gt=0)
+    max_grad_norm: float = 1.0
+    lora_rank: int = Field(8, ge=1)
+    lora_alpha: int = 16
+    lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    n_samples_per_prompt: int = Field(8, ge=1, description="group size for the group estimators")
+    reward_clip_range: tuple[float, float] = (-10.0, 10.0)
+    seed: int = 0
+
+
 class TaskConfig(_Strict):
     """Everything that defines a task. Built-ins live in pipelines/tasks/*.yaml."""
 
@@ -112,6 +153,8 @@ class TaskConfig(_Strict):
     judge: JudgeConfig
     reward: RewardConfig
     promotion: dict[str, Any] = Field(default_factory=dict, description="fields of templates.gate.PromotionConfig")
+    generation: GenerationConfig = GenerationConfig()
+    ppo: PPOConfig = PPOConfig()
     base_dir: Path = Field(Path("."), exclude=True, description="folder of the task file; relative paths start here")
 
     @model_validator(mode="after")

@@ -1,0 +1,74 @@
+"""Candidate generation: the meta-prompt the policy reads, and turning its reply into a candidate template.
+
+The policy writes only the *instruction* that goes into the task's fixed skeleton. A 135M model asked to
+rewrite a whole template keeps the input placeholder about 1 time in 16; asked for an instruction it
+gives a usable one nearly every time (see shared FACTS). The skeleton keeps the input placeholder and the
+answer words, so a candidate is invalid only when the instruction itself breaks it (a brace, a
+placeholder, a reply over the token budget) and then it earns the fixed penalty.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Mapping
+
+from pipelines.config import TaskConfig
+
+_PREFIX = re.compile(r"^\s*(?:new |better |improved )?(?:instruction|prompt)\s*:\s*", re.IGNORECASE)
+DESCRIBE = {
+    "task_metric": "it barely separates the two labels",
+    "robustness": "small changes to it change the answers",
+    "length": "it is long",
+    "instruction_following": "it does not make the answer a single yes or no",
+    "entity_consistency": "it drifts from the task and its labels",
+    "coherence": "it is unclear",
+}
+
+
+def weaknesses(components: Mapping[str, float | None], weights: Mapping[str, float], n: int = 2) -> str:
+    """The ``n`` weighted components where the current template loses most, in words."""
+    losses = []
+    for name, weight in weights.items():
+        value = components.get(name)
+        if value is None or weight <= 0:
+            continue
+        ceiling = 0.0 if name == "length" else 1.0
+        losses.append((weight * (ceiling - value), name))
+    worst = [name for _, name in sorted(losses, reverse=True)[:n]]
+    return "; ".join(DESCRIBE.get(name, name.replace("_", " ")) for name in worst) or "none measured yet"
+
+
+def meta_prompt(task: TaskConfig, instruction: str, components: Mapping[str, float | None]) -> str:
+    """What the policy reads. Filled with plain string replacement: the instruction may contain braces."""
+    text = task.generation.meta_prompt
+    for key, value in (
+        ("{description}", task.description.strip()),
+        ("{weaknesses}", weaknesses(components, task.reward.weights)),
+        ("{instruction}", instruction.strip() or "(none)"),
+    ):
+        text = text.replace(key, value)
+    return text
+
+
+def clean_instruction(reply: str) -> str:
+    """The policy's reply as an instruction: first paragraph, without quotes or an 'Instruction:' label."""
+    text = reply.strip().split("\n\n")[0].strip()
+    text = _PREFIX.sub("", text).strip()
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "\"'`":
+        text = text[1:-1].strip()
+    return " ".join(text.split())
+
+
+def candidate_text(task: TaskConfig, reply: str) -> str:
+    """The candidate template text for one policy reply (validated later, by the scorer)."""
+    return task.compose(clean_instruction(reply))
+
+
+def instruction_of(task: TaskConfig, template_text: str) -> str:
+    """The instruction inside a template built from the task's skeleton ('' if it was not)."""
+    skeleton = task.template.skeleton
+    head, _, _ = skeleton.partition("{instruction}")
+    tail = skeleton.split("{instruction}", 1)[1].split("{" + task.input_variable + "}")[0]
+    if template_text.startswith(head) and tail in template_text:
+        return template_text[len(head) : template_text.index(tail, len(head))].strip()
+    return ""
