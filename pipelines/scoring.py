@@ -49,8 +49,21 @@ def _reward_chance(task: TaskConfig) -> float:
     return 0.5 if task.scoring.reward_metric == "roc_auc" else 1.0 / len(task.labels)
 
 
+def _prebuilt(scorer, verbalizers: list[str], role: str):
+    """A label scorer passed in ready-made: it must answer with the words this role reads."""
+    if not callable(getattr(scorer, "score", None)):
+        raise TypeError(f"the {role} must be a LoadedLM or a label scorer with score(template, texts), not {scorer!r}")
+    if list(scorer.verbalizers) != verbalizers:
+        raise ValueError(f"the {role} scorer answers {list(scorer.verbalizers)}; it must answer {verbalizers}")
+    return scorer
+
+
 class CandidateScorer:
-    def __init__(self, task: TaskConfig, splits: Splits, target: LoadedLM, judge_lm: LoadedLM | None = None):
+    def __init__(self, task: TaskConfig, splits: Splits, target, judge_lm=None):
+        """``target`` and ``judge_lm``: a ``LoadedLM`` (scored in-process by ``LabelScorer``) or a prebuilt
+        label scorer, anything with ``score(template, texts)`` and ``verbalizers`` (e.g. an
+        ``EndpointLabelScorer`` from ``pipelines.endpoints.make_label_scorer``). A prebuilt target scorer must
+        use the task's verbalizers in label order; a prebuilt judge scorer, ``JUDGE_VERBALIZERS``."""
         # Weights and reward functions must match before any model work starts.
         self.components = components_for(task.judge.rubrics)
         check_weights(task.reward.weights, self.components)
@@ -59,19 +72,29 @@ class CandidateScorer:
         self.labels = list(task.labels)
         self.positive = self.labels.index(task.positive_label)
         cfg = task.scoring
-        self.target = LabelScorer(
-            target,
-            [task.labels[name].verbalizer for name in self.labels],
-            chat_template=task.template.chat_template,
-            batch_size=cfg.batch_size,
-        )
+        verbalizers = [task.labels[name].verbalizer for name in self.labels]
+        if isinstance(target, LoadedLM):
+            self.target = LabelScorer(target, verbalizers, chat_template=task.template.chat_template,
+                                      batch_size=cfg.batch_size)
+        else:
+            self.target = _prebuilt(target, verbalizers, "target")
         judge_lm = judge_lm or target
         if judge_lm is target and self.target.verbalizers == list(JUDGE_VERBALIZERS):
             self.judge_scorer = self.target  # same model, same answer words: share the scorer and its cache
-        else:
+        elif isinstance(judge_lm, LoadedLM):
             self.judge_scorer = LabelScorer(judge_lm, list(JUDGE_VERBALIZERS), batch_size=cfg.batch_size)
+        elif judge_lm is target:
+            raise ValueError(f"the target scorer answers {self.target.verbalizers}, the judge needs "
+                             f"{list(JUDGE_VERBALIZERS)}: pass a judge scorer built with JUDGE_VERBALIZERS")
+        else:
+            self.judge_scorer = _prebuilt(judge_lm, list(JUDGE_VERBALIZERS), "judge")
         self.judge = Judge(task.judge.rubrics, self.judge_scorer.score, task.judge.max_errors)
-        self.tokenizer = target.tokenizer
+        if isinstance(target, LoadedLM):
+            self.tokenizer = target.tokenizer
+        else:  # a server owns the target model: count template tokens with the embedded model's tokenizer
+            from pipelines.models import load_tokenizer
+
+            self.tokenizer = load_tokenizer()
         self.dev = list(splits.dev)
         rng = random.Random(task.split.seed)
         self.robust_sample = rng.sample(self.dev, min(cfg.robustness_examples, len(self.dev)))
@@ -170,6 +193,8 @@ class CandidateScorer:
 
     def request_latency_ms(self, template: Template, examples: Sequence[Example], n: int = 12) -> dict[str, float]:
         """What a service sees: one request at a time, the whole prompt, no cache."""
+        if not isinstance(self.target, LabelScorer):  # an endpoint times its own requests
+            return self.target.request_latency_ms(template, [e.text for e in examples], n)
         import torch
 
         lm = self.target.lm
