@@ -5,6 +5,8 @@
     tune-prompts render --task risk          show the seed template rendered on a few examples
     tune-prompts eval --task risk            score a template: every reward component, with timing
     tune-prompts store list|show|...         the versioned template store
+    tune-prompts check --task risk           drift check of the production template (exit 1 when below its bars)
+    tune-prompts schedule --task risk ...    submit check-and-tune jobs to a Ray cluster on a cron schedule
 
 Every command exits 0 on success, 2 on bad input (with one line saying what to fix), 1 on a failure.
 """
@@ -23,12 +25,15 @@ from typing import Sequence
 from pipelines import cli_store
 from pipelines.config import ConfigError, TaskConfig, builtin_tasks, load_task
 from pipelines.data import DataError, label_counts, load_examples, split_examples
+from pipelines.endpoints import EndpointError
 from pipelines.models import EMBEDDED, ModelLoadError
+from pipelines.schedule import CronError, ScheduleError
 from rewards.judge import JudgeError
 from templates.store import StoreError, default_store_url
 from templates.template import Template, TemplateError
 
-USER_ERRORS = (ConfigError, DataError, TemplateError, ModelLoadError, JudgeError, StoreError, FileExistsError, FileNotFoundError)
+USER_ERRORS = (ConfigError, DataError, TemplateError, ModelLoadError, JudgeError, StoreError, FileExistsError, FileNotFoundError,
+               EndpointError, CronError, ScheduleError)
 
 
 def quiet_libraries() -> None:
@@ -193,22 +198,64 @@ def print_report(report: dict) -> None:
     print(table(metric_rows))
 
 
-def cmd_eval(args) -> int:
-    from pipelines.scoring import CandidateScorer
-    from pipelines.models import load_causal_lm
+def add_endpoint_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("OpenAI-compatible endpoints (vLLM, OpenAI, ...) instead of the local model")
+    g.add_argument("--target-url", help="the target's server, e.g. http://localhost:8000/v1 "
+                   "(vLLM: vllm serve MODEL --max-logprobs 20)")
+    g.add_argument("--target-model", help="the model name the target server serves (GET URL/models lists them)")
+    g.add_argument("--judge-url", help="the judge's server (default: --target-url; with neither, the local model judges)")
+    g.add_argument("--judge-model", help="the judge's model: a name its server serves (default: --target-model); "
+                   "without a URL, a local model")
+    g.add_argument("--api-key-env", default="TUNE_PROMPTS_API_KEY",
+                   help="name of the environment variable holding the API key, never the key (default TUNE_PROMPTS_API_KEY)")
 
+
+def make_scorer(args, task: TaskConfig, splits):
+    """eval's and check's CandidateScorer: local models, or endpoints (each checked with GET /models first)."""
+    from pipelines.endpoints import make_label_scorer
+    from pipelines.models import load_causal_lm
+    from pipelines.scoring import CandidateScorer
+    from rewards.judge import JUDGE_VERBALIZERS
+
+    say = (lambda msg: None) if args.json else (lambda msg: print(msg, file=sys.stderr))
+    options = {"api_key_env": args.api_key_env}
+    verbalizers = [task.labels[name].verbalizer for name in task.labels]
+    judge_url = args.judge_url or args.target_url
+    try:
+        if args.target_url:
+            target = make_label_scorer(args.target_url, verbalizers, model=args.target_model, batch_size=task.scoring.batch_size,
+                                       chat_template=task.template.chat_template, **options)
+            say(f"target: {args.target_model} at {args.target_url}")
+        else:
+            say(f"loading target model {args.model} ...")
+            target = load_causal_lm(args.model)
+        judge = None  # the target judges, sharing its scorer when it answers yes/no
+        if judge_url and (args.judge_url or args.judge_model or verbalizers != list(JUDGE_VERBALIZERS)):
+            model = args.judge_model or args.target_model
+            judge = make_label_scorer(judge_url, JUDGE_VERBALIZERS, model=model, **options)
+            say(f"judge: {model} at {judge_url}")
+        elif args.judge_model:
+            judge = load_causal_lm(args.judge_model)
+    except ValueError as exc:  # a URL or model name the endpoint scorer refuses
+        raise ConfigError(str(exc)) from None
+    for scorer in (target, judge):
+        if hasattr(scorer, "check"):
+            scorer.check()
+    return CandidateScorer(task, splits, target, judge)
+
+
+def cmd_eval(args) -> int:
     task = load_task(args.task)
     template = read_template_file(args.template, task) if args.template else task.seed_template()
     splits = split_examples(task, load_examples(task))
-    if not args.json:
-        print(f"loading target model {args.model} ...", file=sys.stderr)
     t0 = time.perf_counter()
-    lm = load_causal_lm(args.model)
-    scorer = CandidateScorer(task, splits, lm)
+    scorer = make_scorer(args, task, splits)
     load_s = time.perf_counter() - t0
     ev = scorer.evaluate(template.text, args.split)
     report = evaluation_report(task, ev, args.template or "seed")
     report["timing_s"]["load_model_s"] = round(load_s, 3)
+    if hasattr(scorer.target, "base_url"):
+        report["target_endpoint"] = {"url": scorer.target.base_url, "model": scorer.target.model, **scorer.target.stats.as_dict()}
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -271,6 +318,63 @@ def print_final_table(task: TaskConfig, report: dict) -> None:
     print(f"\nreport: {report['run_dir']}/report.json   W&B (offline) run: {report['wandb_folder']}")
 
 
+def cmd_check(args) -> int:
+    import contextlib
+    import io
+
+    from pipelines import drift
+
+    task = load_task(args.task)
+    store = args.store or default_store_url()
+    if args.tune_if_below and (args.target_url or args.judge_url):
+        raise ConfigError("--tune-if-below tunes with local models; the tuning loop does not score through "
+                          "endpoints yet: drop --target-url/--judge-url, or check without --tune-if-below")
+    drift.production_version(store, task.name)  # no store or no production label: exit 2 before loading models
+    scorer = make_scorer(args, task, split_examples(task, load_examples(task)))
+    report = drift.check_production(task, scorer, store, split=args.split, min_metric=args.min_metric,
+                                    max_drop=args.max_drop)
+    verdict = (f"check: production version {report['version']} of {task.name} "
+               f"{'holds' if report['passed'] else 'is BELOW its bars'} on the {args.split} split ({report['examples']} examples)")
+    if not args.json:
+        rows = [{"bar": b["name"], "value": "n/a" if b["value"] is None else b["value"],
+                 "minimum": "-" if b["minimum"] is None else b["minimum"],
+                 "result": {True: "pass", False: "FAIL", None: "not checked"}[b["passed"]]} for b in report["bars"]]
+        print(f"task {task.name}: production version {report['version']} on the {args.split} split, store {store}")
+        print(table(rows))
+        print(verdict)
+    code = 0 if report["passed"] else 1
+    if not report["passed"] and args.tune_if_below:
+        args.store, args.no_store = store, False  # the tuning run records into the same store
+        if args.json:  # one JSON document: the tuning report goes inside the check's
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                code = cmd_tune(args)
+            report["tuning"] = json.loads(out.getvalue() or "null")
+        else:
+            print(f"tuning {task.name} (--tune-if-below) ...")
+            code = cmd_tune(args)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    return code
+
+
+def cmd_schedule(args) -> int:
+    from pipelines import schedule
+
+    if (args.cron is None) == (args.every_s is None):
+        raise ConfigError("give one of --cron 'MIN HOUR DAY MONTH WEEKDAY' (e.g. '0 3 * * *') or --every-s SECONDS")
+    next_tick = schedule.cron_ticks(schedule.Cron.parse(args.cron)) if args.cron else schedule.interval_ticks(args.every_s)
+    entrypoint = args.entrypoint or schedule.check_entrypoint(args.task, command=args.command, store=args.store,
+                                                              split=args.split)
+    run_dir = Path(args.run_dir or Path("runs") / f"schedule-{args.task}-{time.strftime('%Y%m%d-%H%M%S')}")
+    scheduler = schedule.Scheduler(schedule.connect(args.ray_address), args.task, entrypoint, next_tick,
+                                   run_dir / "schedule.jsonl", poll_s=args.poll_s)
+    print(f"scheduling {args.task} on {args.ray_address} ({args.cron or f'every {args.every_s:g} s'}); "
+          f"log {scheduler.log_path}; Ctrl-C stops")
+    schedule.serve(scheduler, args.max_ticks)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tune-prompts",
@@ -326,7 +430,45 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="dev", choices=["dev", "test"])
     p.add_argument("--model", default=EMBEDDED, help=f"target and judge model (default {EMBEDDED})")
     p.add_argument("--json", action="store_true")
+    add_endpoint_args(p)
     p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser(
+        "check", help="drift check: score the production template on fresh data against its bars",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Score the task's production template (from the store) and compare it with the task's "
+        "promotion thresholds and a held-out metric bar.\nExit 0: every bar holds; 1: below a bar "
+        "(with --tune-if-below: the tuning run's exit code); 2: bad input, no store, no production template.",
+        epilog="tuning flags go before the command and apply with --tune-if-below, e.g.\n"
+        "  tune-prompts --steps 4 --num-scorers 2 --ray-address auto check --task risk --tune-if-below")
+    p.add_argument("--task", required=True, help="a built-in task or a task YAML file")
+    p.add_argument("--store", help="template store URL (default sqlite:///$TUNE_PROMPTS_HOME/store.sqlite)")
+    p.add_argument("--split", default="test", choices=["dev", "test"],
+                   help="default test: tuning never reads it, so it stands for fresh data (point the task's "
+                   "data.source at newly labelled data to check on that)")
+    p.add_argument("--min-metric", type=float, help="bar for the task's held-out metric (default: the figure the "
+                   "store recorded for this version on test, minus --max-drop)")
+    p.add_argument("--max-drop", type=float, default=0.05, help="allowed drop of the held-out metric (default 0.05)")
+    p.add_argument("--tune-if-below", action="store_true", help="below a bar: start a tuning run into the same store")
+    p.add_argument("--model", default=EMBEDDED, help=f"target and judge model (default {EMBEDDED})")
+    p.add_argument("--json", action="store_true")
+    add_endpoint_args(p)
+    p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("schedule", help="submit check-and-tune jobs to a Ray cluster on a schedule")
+    p.add_argument("--task", required=True)
+    p.add_argument("--ray-address", required=True, help="the cluster's job API, e.g. http://HEAD:8265")
+    p.add_argument("--cron", help="5-field cron (local time), e.g. '0 3 * * *' for 03:00 daily")
+    p.add_argument("--every-s", type=float, help="instead of --cron: a tick every N seconds, the first at once")
+    p.add_argument("--max-ticks", type=int, help="stop after N ticks, once their jobs end (default: run until stopped)")
+    p.add_argument("--store", help="the store URL the job checks and tunes into (as the cluster sees it)")
+    p.add_argument("--split", default="test", choices=["dev", "test"])
+    p.add_argument("--command", default=".venv/bin/tune-prompts", help="tune-prompts as the cluster runs it, relative "
+                   "to where Ray was started on the head (default .venv/bin/tune-prompts)")
+    p.add_argument("--entrypoint", help="a shell command to submit instead of the check-and-tune job")
+    p.add_argument("--run-dir", help="folder for schedule.jsonl (default runs/schedule-<task>-<time>)")
+    p.add_argument("--poll-s", type=float, default=2.0, help="how often job statuses are polled (default 2 s)")
+    p.set_defaults(func=cmd_schedule)
 
     cli_store.register(sub).set_defaults(func=cli_store.run)
     return parser
