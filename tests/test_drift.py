@@ -1,0 +1,157 @@
+"""The drift check: the pure bar comparison (table-driven), and `tune-prompts check` end to end against a
+scripted OpenAI-compatible server (no model: exit codes, the table, JSON, --tune-if-below, missing store/label)."""
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipelines import cli
+from pipelines.config import BUILTIN_TASKS_DIR, load_task
+from pipelines.drift import Bar, compare, held_out
+from templates.store import TemplateStore
+
+_spec = importlib.util.spec_from_file_location("openai_compat_server", Path(__file__).with_name("openai_compat_server.py"))
+srv = importlib.util.module_from_spec(_spec)
+sys.modules.setdefault(_spec.name, srv)
+_spec.loader.exec_module(srv)
+
+
+@pytest.mark.parametrize("values, minimums, expected", [
+    ({"a": 0.9}, {"a": 0.8}, [Bar("a", 0.9, 0.8, True)]),
+    ({"a": 0.8}, {"a": 0.8}, [Bar("a", 0.8, 0.8, True)]),  # the minimum itself holds
+    ({"a": 0.79}, {"a": 0.8}, [Bar("a", 0.79, 0.8, False)]),
+    ({}, {"a": 0.8}, [Bar("a", None, 0.8, False)]),  # not measured fails
+    ({"a": None}, {"a": 0.8}, [Bar("a", None, 0.8, False)]),  # the judge abstained: fails
+    ({"a": math.nan}, {"a": 0.8}, [Bar("a", None, 0.8, False)]),  # NaN never slips through
+    ({"m": 0.7}, {"m": None}, [Bar("m", 0.7, None, None)]),  # no bar: reported, not checked
+    ({"a": 0.9, "b": 0.1}, {"b": 0.5, "a": 0.5}, [Bar("b", 0.1, 0.5, False), Bar("a", 0.9, 0.5, True)]),  # bar order
+])
+def test_compare(values, minimums, expected):
+    assert compare(values, minimums) == expected
+
+
+@pytest.mark.parametrize("passed, holds", [
+    ([True, True], True), ([True, False], False), ([None], True), ([None, False], False), ([], True),
+])
+def test_held_out_ignores_unchecked_rows(passed, holds):
+    assert held_out([Bar("x", 1.0, None if p is None else 0.0, p) for p in passed]) is holds
+
+
+# --- the CLI --------------------------------------------------------------------------------------
+SPAMMY = ("free", "win", "prize", "call", "txt", "claim", "urgent", "cash", "£")
+
+
+def rule(prompt: str) -> list[tuple[str, float]]:
+    """The judge's questions get 'yes'; a message with a spammy word gets 'yes', others 'no'."""
+    if "You review prompts" in prompt:
+        return [("yes", -0.1), ("no", -2.5)]
+    message = prompt.rsplit("Message:", 1)[-1].lower()
+    return [("yes", -0.2), ("no", -1.8)] if any(w in message for w in SPAMMY) else [("no", -0.2), ("yes", -1.8)]
+
+
+@pytest.fixture(scope="module")
+def server():
+    with srv.OpenAICompatServer(srv.ScriptedBackend(rule), "scripted") as s:
+        yield s
+
+
+@pytest.fixture
+def small_task(tmp_path) -> str:
+    """The risk task with small splits, so a check takes seconds."""
+    data = yaml.safe_load((BUILTIN_TASKS_DIR / "risk.yaml").read_text())
+    data["split"] = {"seed": 13, "balanced": True, "train": 20, "dev": 20, "test": 40}
+    data["scoring"] = {**data.get("scoring", {}), "calibration_examples": 20, "robustness_examples": 10}
+    path = tmp_path / "risk-small.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+@pytest.fixture
+def store(tmp_path, small_task) -> str:
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    with TemplateStore(url) as s:
+        v = s.add_version("risk", load_task(small_task).seed_template(), scores={"test": {"balanced_accuracy": 0.8}})
+        s.promote("risk", v.id, force=True)
+    return url
+
+
+def check(server, task, store, *extra):
+    return cli.main(["check", "--task", task, "--store", store, "--target-url", server.base_url,
+                     "--target-model", "scripted", *extra])
+
+
+def test_check_passes_prints_each_bar_and_exits_0(server, small_task, store, capsys):
+    assert check(server, small_task, store, "--min-metric", "0.5") == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[1].split() == ["bar", "value", "minimum", "result"]
+    rows = {line.split()[0]: line.split() for line in lines[3:-1]}
+    assert set(rows) == {"instruction_following", "entity_consistency", "balanced_accuracy"}
+    assert rows["instruction_following"][2:] == ["0.820", "pass"] and rows["balanced_accuracy"][2:] == ["0.500", "pass"]
+    assert lines[-1] == "check: production version 1 of risk holds on the test split (40 examples)"
+
+
+def test_check_below_a_bar_exits_1_with_json(server, small_task, store, capsys):
+    assert check(server, small_task, store, "--min-metric", "0.999", "--json") == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["passed"] is False and report["version"] == 1 and report["split"] == "test"
+    bars = {b["name"]: b for b in report["bars"]}
+    assert bars["balanced_accuracy"]["passed"] is False and bars["balanced_accuracy"]["minimum"] == 0.999
+    assert bars["instruction_following"]["passed"] is True and bars["instruction_following"]["value"] > 0.82
+
+
+def test_metric_bar_defaults_to_the_recorded_figure_minus_max_drop(server, small_task, store, capsys):
+    check(server, small_task, store, "--max-drop", "0.1", "--json")
+    bars = {b["name"]: b for b in json.loads(capsys.readouterr().out)["bars"]}
+    assert bars["balanced_accuracy"]["minimum"] == pytest.approx(0.8 - 0.1)
+
+
+def test_tune_if_below_starts_a_tuning_run_into_the_same_store(server, small_task, store, monkeypatch, capsys):
+    seen = {}
+
+    def fake_tune(args):
+        seen.update(vars(args))
+        return 7
+
+    real_make_scorer = cli.make_scorer
+
+    def scorer_via_server(args, task, splits):  # --tune-if-below refuses endpoint flags; score through the server anyway
+        args.target_url, args.target_model = server.base_url, "scripted"
+        return real_make_scorer(args, task, splits)
+
+    monkeypatch.setattr(cli, "cmd_tune", fake_tune)
+    monkeypatch.setattr(cli, "make_scorer", scorer_via_server)
+    assert cli.main(["--steps", "3", "--num-scorers", "2", "check", "--task", small_task, "--store", store,
+                     "--min-metric", "0.999", "--tune-if-below"]) == 7  # the tuning run's exit code
+    assert seen["store"] == store and seen["no_store"] is False and seen["task"] == small_task
+    assert (seen["steps"], seen["num_scorers"], seen["backend"]) == (3, 2, "local")  # cmd_tune's own flags and defaults
+    assert "tuning risk (--tune-if-below)" in capsys.readouterr().out
+    seen.clear()
+    assert cli.main(["check", "--task", small_task, "--store", store, "--min-metric", "0.5", "--tune-if-below"]) == 0
+    assert not seen  # holds: no tuning
+
+
+def test_missing_store_or_production_label_exits_2(tmp_path, capsys):
+    assert cli.main(["check", "--task", "risk", "--store", f"sqlite:///{tmp_path / 'none.sqlite'}"]) == 2
+    assert "no store at" in capsys.readouterr().err
+    url = f"sqlite:///{tmp_path / 'other.sqlite'}"
+    with TemplateStore(url) as s:
+        s.add_version("risk", load_task("risk").seed_template())  # a version, but no production label
+    assert cli.main(["check", "--task", "risk", "--store", url]) == 2
+    assert "no production template" in capsys.readouterr().err
+
+
+def test_unreachable_endpoint_exits_2(server, small_task, store, capsys):
+    assert cli.main(["check", "--task", small_task, "--store", store, "--target-url", server.base_url,
+                     "--target-model", "not-served"]) == 2
+    assert "does not serve model 'not-served'" in capsys.readouterr().err
+
+
+def test_tune_if_below_refuses_endpoint_flags(server, small_task, store, capsys):
+    assert check(server, small_task, store, "--tune-if-below") == 2
+    assert "--tune-if-below tunes with local models" in capsys.readouterr().err
