@@ -278,6 +278,7 @@ def cmd_tune(args) -> int:
     options = RunOptions(
         steps=args.steps, policy_model=args.policy_model, target_model=args.model, judge_model=args.judge_model,
         num_scorers=args.num_scorers, ray_address=args.ray_address, run_dir=run_dir, seed=args.seed,
+        finalists=args.finalists,
         dev_examples=args.dev_examples or None, wandb_mode=args.wandb_mode, wandb_project=args.wandb_project,
         wandb_entity=args.wandb_entity, store_url=None if args.no_store else (args.store or default_store_url()),
         promote=not args.no_promote, progress=not args.json,
@@ -386,9 +387,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--task", help=f"the task to tune: a built-in ({', '.join(builtin_tasks())}) or a task YAML file")
     tuning = parser.add_argument_group("tuning (with --task and no command)")
-    tuning.add_argument("--steps", type=int, default=6, help="PPO steps (default 6)")
+    tuning.add_argument("--steps", type=int, default=5, help="PPO steps (default 5)")
     tuning.add_argument("--candidates", type=int, help="candidates per step (default: the task's, 8)")
     tuning.add_argument("--dev-examples", type=int, default=100, help="dev examples per candidate reward (default 100; 0: all)")
+    tuning.add_argument("--finalists", type=int, default=3, help="best candidates evaluated on the test split (default 3)")
     tuning.add_argument("--run-dir", help="run folder for checkpoints, report and W&B files (default runs/<task>-<time>)")
     tuning.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
     tuning.add_argument("--seed", type=int, default=0)

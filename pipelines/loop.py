@@ -32,7 +32,7 @@ from rewards.weighting import check_weights, weigh
 
 @dataclass(frozen=True)
 class RunOptions:
-    steps: int = 6
+    steps: int = 5
     policy_model: str = "embedded:smollm2-135m-instruct"
     target_model: str = "embedded:smollm2-135m-instruct"
     judge_model: str | None = None  # default: the target model

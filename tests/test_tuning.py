@@ -1,0 +1,128 @@
+"""The tuning loop end to end: the real small model, real Ray, promptbench, PPO, W&B offline files, SQLite."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from pipelines.cli import main
+
+SMALL_TASK = str(Path(__file__).parent / "data" / "risk_small.yaml")
+REPO = Path(__file__).resolve().parents[1]
+
+
+def wandb_tables(run_dir: Path, name: str) -> list[dict]:
+    """The W&B tables a run wrote offline, read back from its files."""
+    (folder,) = (run_dir / "wandb").glob("offline-run-*")
+    files = sorted((folder / "files" / "media" / "table").glob(f"{name}_*.table.json"),
+                   key=lambda p: int(p.name.split("_")[1]))
+    return [json.loads(p.read_text()) for p in files]
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    yield
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+@pytest.mark.e2e
+def test_tune_runs_end_to_end_and_fills_wandb_and_the_store(tmp_path, capsys, ray_session):
+    run_dir = tmp_path / "run"
+    store = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    code = main(["--task", SMALL_TASK, "--steps", "2", "--dev-examples", "0", "--finalists", "2",
+                 "--run-dir", str(run_dir), "--store", store])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "held-out test split" in out and "seed" in out and "candidate 1" in out
+
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["steps"] == 2 and len(report["history"]) == 2
+    for scalars in report["history"]:  # what each step logged
+        for key in ("reward/total/mean", "reward/task_metric/mean", "train/kl", "train/policy_loss",
+                    "train/value_loss", "timing/generate_s", "timing/score_s", "timing/update_s"):
+            assert key in scalars, key
+    assert report["test"][0]["template_name"] == "seed" and len(report["test"]) >= 2
+    assert 0.0 <= report["test"][0]["balanced_accuracy"] <= 1.0
+
+    # the per-step candidate tables, read back from the offline W&B files
+    tables = wandb_tables(run_dir, "candidates")
+    assert len(tables) == 2
+    for table in tables:
+        assert {"template", "valid", "tokens", "total_reward", "task_metric", "instruction_following"} <= set(table["columns"])
+        assert len(table["data"]) == 4  # candidates per step
+        texts = [row[table["columns"].index("template")] for row in table["data"]]
+        assert all("{text}" in t or "Message:" in t for t in texts)
+    assert len(wandb_tables(run_dir, "leaderboard")) == 1
+
+    # the store: the seed became production, the best candidate was recorded with the gate's reasons
+    from templates.store import TemplateStore
+
+    with TemplateStore(store, create=False) as s:
+        versions = s.list_versions("risk-small")
+        assert len(versions) == 2
+        candidate = versions[-1]
+        assert candidate.parent_id == versions[0].id and candidate.decision.reasons
+        assert "test" in candidate.scores and "latency_p95_ms" in candidate.latency
+        assert s.get_label("risk-small", "production") is not None
+
+
+@pytest.mark.e2e
+def test_a_dead_scoring_actor_is_replaced_and_the_step_completes(ray_session):
+    import ray
+
+    from pipelines.config import load_task
+    from pipelines.data import load_splits
+    from pipelines.ray_scoring import ScoringPool, init_ray
+
+    task = load_task(SMALL_TASK)
+    splits = load_splits(task)
+    init_ray()
+    pool = ScoringPool(task, splits, target_model="embedded:smollm2-135m-instruct", num_workers=1)
+    pool.wait_ready()
+    texts = [task.seed_template().text, task.compose("Flag prizes, urgent payments and premium numbers as scams.")]
+    first_pid = ray.get(pool.workers[0].pid.remote())
+    result = {}
+    worker = threading.Thread(target=lambda: result.update(measured=pool.measure(texts)))
+    worker.start()
+    time.sleep(1.0)  # the measure call is running in the actor now
+    ray.kill(pool.workers[0])
+    worker.join(timeout=240)
+    assert not worker.is_alive()
+    measured = result["measured"]
+    assert [m.valid for m in measured] == [True, True] and all(0 <= m.metrics["roc_auc"] <= 1 for m in measured)
+    assert pool.replaced == 1 and ray.get(pool.workers[0].pid.remote()) != first_pid
+    pool.shutdown()
+
+
+@pytest.mark.slow
+def test_resume_completes_a_run_killed_after_a_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "pipelines.cli", "--task", SMALL_TASK, "--steps", "3", "--dev-examples", "0",
+           "--finalists", "1", "--run-dir", str(run_dir), "--no-store"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    state = run_dir / "checkpoint" / "state.json"
+    deadline = time.time() + 400
+    while time.time() < deadline and not (state.exists() and json.loads(state.read_text())["step"] >= 1):
+        assert proc.poll() is None, "the run ended before its first checkpoint"
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGKILL)  # the driver and everything it started
+    proc.wait()
+    subprocess.run([str(Path(sys.executable).parent / "ray"), "stop", "--force"], capture_output=True)
+    killed_at = json.loads(state.read_text())["step"]
+    assert 1 <= killed_at < 3 and not (run_dir / "report.json").exists()
+
+    done = subprocess.run(cmd + ["--resume"], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"resuming {run_dir} after step {killed_at}" in done.stdout
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["steps"] == 3 and len(report["history"]) == 3
