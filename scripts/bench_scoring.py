@@ -1,0 +1,133 @@
+"""Benchmark: scored (template, example) pairs per second, the naive way against the project's scorer.
+
+Both score the same candidate templates on the same dev examples of the `risk` task with the same bf16
+model, alternating template by template so that a change in machine load hits both:
+  * naive:   one unbatched forward pass per pair over the whole prompt, logits at every position
+             (`pipelines.target.score_naive`);
+  * scorer:  `pipelines.target.LabelScorer` with an empty cache: the template's shared prompt prefix once,
+             suffixes in length-sorted batches, the label rows of the output layer at the last position only;
+  * cached:  the same scorer asked again for the same pairs (a template seen again during tuning).
+It prints pairs/s and the ratios, and the model FLOP/s each achieves against the bf16 matrix-multiply
+FLOP/s measured on this machine in the same run.
+
+    .venv/bin/python scripts/bench_scoring.py [--examples 60] [--templates 6] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pipelines.cli import quiet_libraries, table  # noqa: E402
+
+INSTRUCTIONS = [
+    None,  # the seed
+    "You are a fraud analyst at a bank. Messages that offer prizes, ask for urgent payment, give premium-rate "
+    "numbers or ask you to text a code to claim something are scams.",
+    "Decide whether this SMS is a scam.",
+    "Read the message carefully. Scam messages often promise free gifts, cash or holidays, use urgent language, "
+    "and ask the reader to call or text a number.",
+    "Check the sender's tone, any links or phone numbers, and whether money or personal details are requested.",
+    "Classify the text message.",
+]
+
+
+def matmul_flops(threads: int, dtype_name: str = "bfloat16", n: int = 2048, repeats: int = 10) -> float:
+    import torch
+
+    torch.set_num_threads(threads)
+    dtype = getattr(torch, dtype_name)
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    for _ in range(2):
+        a @ b
+    started = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    return 2 * n**3 * repeats / (time.perf_counter() - started)
+
+
+def main() -> int:
+    quiet_libraries()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--examples", type=int, default=60)
+    parser.add_argument("--templates", type=int, default=6)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=16)
+    args = parser.parse_args()
+
+    import numpy as np
+    import torch
+
+    from pipelines.config import load_task
+    from pipelines.data import load_splits
+    from pipelines.models import load_causal_lm
+    from pipelines.target import LabelScorer, prompt_frame, score_naive
+
+    torch.set_num_threads(args.threads)
+    task = load_task("risk")
+    texts = [e.text for e in load_splits(task).dev[: args.examples]]
+    templates = [task.seed_template() if i is None else task.make_template(task.compose(i))
+                 for i in INSTRUCTIONS[: args.templates]]
+    lm = load_causal_lm()
+    verbalizers = [task.labels[n].verbalizer for n in task.labels]
+    config = lm.model.config
+    d, vocab, layers = config.hidden_size, config.vocab_size, config.num_hidden_layers
+    embed = lm.model.get_input_embeddings().weight.numel()
+    body = sum(p.numel() for p in lm.model.parameters()) - embed  # tied output layer counted once, in embed
+
+    def flops(tokens: int, context: float, head_rows: int, head_positions: int) -> float:
+        # 2 FLOPs per weight per token, attention scores and mixing (4*d*context per layer), the output layer
+        return 2 * body * tokens + 4 * layers * d * context * tokens + 2 * d * head_rows * head_positions
+
+    scorer = LabelScorer(lm, verbalizers, batch_size=args.batch_size)
+    naive_s = fast_s = cached_s = 0.0
+    naive_flops = fast_flops = 0.0
+    max_diff = 0.0
+    score_naive(lm, templates[0], texts[:2], verbalizers)  # warm-up
+    for template in templates:
+        before, after = prompt_frame(lm.tokenizer, template, True)
+        lengths = [len(lm.tokenizer(before + t + after, add_special_tokens=False).input_ids) for t in texts]
+        started = time.perf_counter()
+        naive = score_naive(lm, template, texts, verbalizers)
+        naive_s += time.perf_counter() - started
+        naive_flops += sum(flops(n, n / 2, vocab, n) for n in lengths)
+
+        tokens_before = scorer.stats.tokens_forward
+        started = time.perf_counter()
+        fast = scorer.score(template, texts)
+        fast_s += time.perf_counter() - started
+        tokens = scorer.stats.tokens_forward - tokens_before
+        fast_flops += flops(tokens, float(np.mean(lengths)) / 2, 12, len(texts))
+        started = time.perf_counter()
+        again = scorer.score(template, texts)
+        cached_s += time.perf_counter() - started
+        assert np.array_equal(again, fast)
+        max_diff = max(max_diff, float(np.abs((fast[:, 0] - fast[:, 1]) - (naive[:, 0] - naive[:, 1])).max()))
+
+    pairs = len(templates) * len(texts)
+    peak = matmul_flops(args.threads)
+    rows = [
+        {"method": "naive (1 forward/pair)", "pairs": pairs, "seconds": naive_s, "pairs_per_s": pairs / naive_s,
+         "ratio": 1.0, "model_GFLOP_per_s": naive_flops / naive_s / 1e9, "of_matmul_peak": naive_flops / naive_s / peak},
+        {"method": "project scorer", "pairs": pairs, "seconds": fast_s, "pairs_per_s": pairs / fast_s,
+         "ratio": naive_s / fast_s, "model_GFLOP_per_s": fast_flops / fast_s / 1e9, "of_matmul_peak": fast_flops / fast_s / peak},
+        {"method": "project scorer, cached", "pairs": pairs, "seconds": cached_s, "pairs_per_s": pairs / cached_s,
+         "ratio": naive_s / cached_s, "model_GFLOP_per_s": "", "of_matmul_peak": ""},
+    ]
+    print(f"risk dev split: {len(templates)} templates x {len(texts)} examples, bf16, {args.threads} threads, "
+          f"batch {args.batch_size}")
+    print(table(rows))
+    print(f"\nwork per pair: naive {naive_flops / pairs / 1e9:.1f} GFLOP, scorer {fast_flops / pairs / 1e9:.1f} GFLOP "
+          f"(ratio {naive_flops / fast_flops:.2f})")
+    print(f"bf16 matmul 2048x2048 on this machine: {peak / 1e9:.0f} GFLOP/s (the hardware figure to compare with)")
+    print(f"largest |log-odds difference| scorer vs naive: {max_diff:.3f} (bf16; see tests/test_scoring.py)")
+    print(f"target: scorer/naive >= 5 (aim 10); measured {naive_s / fast_s:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
