@@ -18,10 +18,10 @@ top_logprobs: 20``; completions: ``logprobs: 20``). 20 is the most OpenAI's chat
 ``--max-logprobs``; OpenAI's legacy completions API allows only 5, so use ``chat=True`` with OpenAI. A label's
 log-prob is read from those entries, by ``match``:
 
-* ``"token"`` (default): the entry whose text is exactly the verbalizer: the very token ``LabelScorer`` reads
-  when the verbalizer is one token (``yes``, ``no``), so a server running the same model gives the same scores;
-* ``"word"``: the entries whose stripped, case-folded text is the verbalizer's (``Yes``, ``yes``, `` yes``),
-  their probabilities added: for hosted models that answer in capitals and whose tokens are not known here.
+* ``"word"`` (default): the entries whose stripped, case-folded text is the verbalizer's (``Yes``, ``yes``,
+  `` yes``), their probabilities added: what ``LabelScorer`` does in-process (it pools the single-token
+  capitalisations of each verbalizer), so a server running the same model gives the same scores;
+* ``"token"``: only the entry whose text is exactly the verbalizer.
 
 A label with no matching entry was less likely than every returned token: it gets the smallest returned
 log-prob minus ln 2 ("at most half as likely as the least likely token the server named"), and counts in
@@ -147,7 +147,7 @@ class EndpointLabelScorer:
         *,
         api_key_env: str = "TUNE_PROMPTS_API_KEY",
         chat: bool = True,
-        match: Literal["token", "word"] = "token",
+        match: Literal["token", "word"] = "word",
         timeout_s: float = 30,
         max_retries: int = 3,
         backoff_s: float = 0.5,
