@@ -60,13 +60,13 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections import OrderedDict
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Literal, Sequence
 
 import numpy as np
 
+from pipelines.pair_cache import PairCache
 from templates.template import Template
 
 logger = logging.getLogger(__name__)
@@ -178,13 +178,12 @@ class EndpointLabelScorer:
         self.max_retries = max_retries
         self.backoff_s = backoff_s
         self.max_concurrency = max_concurrency
-        self.cache_pairs = cache_pairs
         self.route = "/chat/completions" if chat else "/completions"
         # A proxy from the environment is for the outside world, never for this machine's own servers.
         self._opener = urllib.request.build_opener(
             *([urllib.request.ProxyHandler({})] if _is_loopback(self.base_url) else [])
         )
-        self._cache: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
+        self._cache = PairCache(cache_pairs)
         self._lock = threading.Lock()  # guards stats and mode, written from worker threads
         self.stats = EndpointStats()
 
@@ -196,15 +195,8 @@ class EndpointLabelScorer:
         """Label log-probs (normalised over the labels), shape (len(texts), n_labels)."""
         started = time.perf_counter()
         out = np.zeros((len(texts), len(self.verbalizers)), dtype=np.float32)
-        todo: dict[str, list[int]] = {}
-        for i, text in enumerate(texts):
-            hit = self._cache.get((template.text, text))
-            if hit is not None:
-                self._cache.move_to_end((template.text, text))
-                out[i] = hit
-                self.stats.pairs_cached += 1
-            else:
-                todo.setdefault(text, []).append(i)
+        todo, hits = self._cache.lookup(template.text, texts, out)
+        self.stats.pairs_cached += hits
         try:
             if todo:
                 if len(template.variables) != 1:
@@ -224,7 +216,7 @@ class EndpointLabelScorer:
                 for future, text in zip(futures, unique):
                     row = future.result()
                     out[todo[text]] = row
-                    self._remember((template.text, text), row)
+                    self._cache.put(template.text, text, row)
                 self.stats.pairs_scored += len(unique)
         finally:
             self.stats.seconds += time.perf_counter() - started
@@ -255,10 +247,6 @@ class EndpointLabelScorer:
     def clear_cache(self) -> None:
         self._cache.clear()
 
-    def _remember(self, key: tuple[str, str], row: np.ndarray) -> None:
-        self._cache[key] = row
-        if len(self._cache) > self.cache_pairs:
-            self._cache.popitem(last=False)
 
     # --- one pair ------------------------------------------------------------------------------
     def _score_one(self, prompt: str) -> np.ndarray:

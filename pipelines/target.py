@@ -24,7 +24,6 @@ path projects onto the label rows in float32): scores differ by up to about 0.3 
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -32,6 +31,7 @@ import torch
 from transformers import DynamicCache
 
 from pipelines.models import LoadedLM
+from pipelines.pair_cache import PairCache
 from templates.template import Template
 
 _SENTINEL = "\u2063TUNE_PROMPTS_INPUT\u2063"
@@ -134,8 +134,7 @@ class LabelScorer:
         self.label_ids = label_token_ids(lm.tokenizer, self.verbalizers)
         self.chat_template = chat_template
         self.batch_size = batch_size
-        self.cache_pairs = cache_pairs
-        self._cache: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
+        self._cache = PairCache(cache_pairs)
         self.stats = ScorerStats()
         model = lm.model
         self._body = model.get_decoder() if hasattr(model, "get_decoder") else model.model
@@ -155,21 +154,14 @@ class LabelScorer:
         """Label log-probs (normalised over the labels), shape (len(texts), n_labels)."""
         started = time.perf_counter()
         out = np.zeros((len(texts), len(self.label_ids)), dtype=np.float32)
-        todo: dict[str, list[int]] = {}
-        for i, text in enumerate(texts):
-            hit = self._cache.get((template.text, text))
-            if hit is not None:
-                self._cache.move_to_end((template.text, text))
-                out[i] = hit
-                self.stats.pairs_cached += 1
-            else:
-                todo.setdefault(text, []).append(i)
+        todo, hits = self._cache.lookup(template.text, texts, out)
+        self.stats.pairs_cached += hits
         if todo:
             unique = list(todo)
             scored = self._score_uncached(template, unique)
             for text, row in zip(unique, scored):
                 out[todo[text]] = row
-                self._remember((template.text, text), row)
+                self._cache.put(template.text, text, row)
         self.stats.seconds += time.perf_counter() - started
         return out
 
@@ -177,10 +169,6 @@ class LabelScorer:
         self._cache.clear()
 
     # --- internals -------------------------------------------------------------------------
-    def _remember(self, key: tuple[str, str], row: np.ndarray) -> None:
-        self._cache[key] = row
-        if len(self._cache) > self.cache_pairs:
-            self._cache.popitem(last=False)
 
     @torch.inference_mode()
     def _score_uncached(self, template: Template, texts: list[str]) -> np.ndarray:
