@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Sequence
 
 from pipelines import cli_store
-from pipelines.config import ConfigError, TaskConfig, builtin_tasks, load_task
+from pipelines.config import ConfigError, TaskConfig, builtin_tasks, load_task, load_yaml_mapping
 from pipelines.data import DataError, label_counts, load_examples, split_examples
 from pipelines.endpoints import EndpointError
 from pipelines.models import EMBEDDED, ModelLoadError
@@ -68,21 +68,12 @@ def _fmt(value) -> str:
 def read_template_file(path: str, task: TaskConfig) -> Template:
     """A template from a file: YAML record (text, variables, constraints) or plain template text."""
     file = Path(path)
-    if not file.is_file():
-        raise ConfigError(f"template file {path!r} does not exist")
-    text = file.read_text(encoding="utf-8")
     if file.suffix in (".yaml", ".yml"):
-        import yaml
-
-        try:
-            record = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"template file {path} is not valid YAML: {exc}") from None
-        if not isinstance(record, dict):
-            raise ConfigError(f"template file {path} must hold a mapping with at least 'text'")
-        template = Template.from_dict(record)
+        template = Template.from_dict(load_yaml_mapping(file, "template file"))
+    elif file.is_file():
+        template = task.make_template(file.read_text(encoding="utf-8").rstrip("\n"))
     else:
-        template = task.make_template(text.rstrip("\n"))
+        raise ConfigError(f"template file {path!r} does not exist")
     if template.variables != (task.input_variable,):
         raise TemplateError(
             f"template in {path} declares {list(template.variables)}; task {task.name!r} fills only "

@@ -273,14 +273,14 @@ def load_task(name_or_path: str | Path) -> TaskConfig:
                 "or pass the path of a task YAML file"
             )
         path = BUILTIN_TASKS_DIR / f"{name_or_path}.yaml"
-    data = _load_yaml_mapping(path, "task file")
+    data = load_yaml_mapping(path, "task file")
     base_dir = path.resolve().parent
     if isinstance(data.get("template"), str):  # the template section may live in its own file
-        data["template"] = _load_yaml_mapping(resolve_source(data["template"], base_dir), "template file")
+        data["template"] = load_yaml_mapping(resolve_source(data["template"], base_dir), "template file")
     return _validate(data, base_dir, f"task file {path}")
 
 
-def _load_yaml_mapping(path: Path, what: str) -> dict:
+def load_yaml_mapping(path: Path, what: str) -> dict:
     if not path.is_file():
         raise ConfigError(f"{what} {str(path)!r} does not exist")
     try:
