@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import time
@@ -44,6 +45,7 @@ def quiet_libraries() -> None:
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # idle torch threads must not spin while Ray actors compute
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)  # an optional CPU kernel it cannot download
     warnings.filterwarnings("ignore", message=".*pynvml.*")
     warnings.filterwarnings("ignore", category=FutureWarning)
 
