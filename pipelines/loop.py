@@ -256,7 +256,7 @@ def _promote(task: TaskConfig, options: RunOptions, evaluations, run_id: str) ->
         valid = [ev for ev in candidates if ev.measured.valid]
         if not valid:
             return {"promoted": False, "reasons": ["no valid candidate"], "production": incumbent.id}
-        best = max(valid, key=lambda ev: ev.measured.metrics.get(config.metric, float("-inf")))
+        best = valid[0]  # the best by dev reward; picking by the test metric too would bias the gate's comparison
         decision = decide(_measurements(best, config.metric), incumbent_m, config)
         version = store.add_version(task.name, task.make_template(best.measured.template), parent_id=incumbent.id,
                                     run_id=run_id, scores=_scores(best), latency=_latency(best), decision=decision)
