@@ -155,31 +155,13 @@ def test_a_promotion_in_another_process_is_visible_within_a_second(url):
     child.communicate(timeout=10)
 
 
-PAUSE_BEFORE_COMMIT = """
-import sys, time
-from templates.store import TemplateStore
-store = TemplateStore(sys.argv[1])
-real = store._conn
-
-class PauseBeforeCommit:
-    def __getattr__(self, name):
-        return getattr(real, name)
-
-    def execute(self, sql, *args):
-        if sql == "COMMIT":
-            print("written, not committed", flush=True)
-            time.sleep(60)
-        return real.execute(sql, *args)
-
-store._conn = PauseBeforeCommit()
-store.promote("risk", 2)
-"""
+PAUSE_BEFORE_COMMIT = (Path(__file__).parent / "pause_before_commit.py").read_text()
 
 
 def test_a_reader_never_sees_an_uncommitted_promotion(url):
     reader = TemplateReader(url, refresh_s=0.005)
     assert reader.get("risk").text == V1_TEXT
-    child = python(PAUSE_BEFORE_COMMIT, url)
+    child = python(PAUSE_BEFORE_COMMIT, url, "promote", "2")
     try:
         assert child.stdout.readline().strip() == "written, not committed", child.stderr.read()
         deadline = time.monotonic() + 0.3  # many refreshes while the write is pending

@@ -489,31 +489,7 @@ def test_concurrent_writers_lose_no_version_and_keep_labels_consistent(backend):
         assert s.generation() == writers * per_writer + rollbacks
 
 
-PAUSE_BEFORE_COMMIT = """
-import sys, time
-from templates.gate import Decision
-from templates.store import TemplateStore
-from templates.template import Template
-store = TemplateStore(sys.argv[1])
-real = store._conn
-
-class PauseBeforeCommit:
-    # Do every write of the operation, then stop just before COMMIT until killed.
-    def __getattr__(self, name):
-        return getattr(real, name)
-
-    def execute(self, sql, *args):
-        if sql == "COMMIT":
-            print("written, not committed", flush=True)
-            time.sleep(60)
-        return real.execute(sql, *args)
-
-store._conn = PauseBeforeCommit()
-if sys.argv[2] == "promote":
-    store.promote("risk", int(sys.argv[3]))
-else:
-    store.add_version("risk", Template.from_text("half-written {text}"), decision=Decision(True, ()))
-"""
+PAUSE_BEFORE_COMMIT = (Path(__file__).parent / "pause_before_commit.py").read_text()
 
 
 @pytest.mark.parametrize("operation", ["promote", "add_version"])
