@@ -75,7 +75,7 @@ class ScoringConfig(_Strict):
         "roc_auc",
         description="the dev metric inside the reward: threshold-free, so candidates need no calibration pass",
     )
-    batch_size: int = Field(16, gt=0)
+    batch_size: int = Field(64, gt=0, description="examples per forward pass of the target, packed without padding")
     calibration_examples: int = Field(120, ge=2, description="train examples used to fit the decision threshold")
     robustness_attacks: tuple[Literal["checklist", "stresstest"], ...] = ("checklist", "stresstest")
     robustness_examples: int = Field(30, ge=2, description="dev examples scored per perturbed template")

@@ -450,7 +450,7 @@ def make_label_scorer(
     *,
     model: str | None = None,
     chat_template: bool = True,
-    batch_size: int = 16,
+    batch_size: int = 64,
     **endpoint_options,
 ):
     """A ``LabelScorer`` for a loaded model, an ``EndpointLabelScorer`` for a URL (``model`` then required).

@@ -10,13 +10,16 @@ every position over the whole vocabulary. ``LabelScorer.score`` computes the sam
 
 * the part of the prompt that is the same for every example of a template (chat header, system prompt,
   instruction) is run once and its key/value cache reused for every example;
-* each batch runs only the example-specific suffixes, sorted by length so little is padding;
-* hidden states become logits only at each row's last position and only for the label tokens;
+* the example-specific suffixes of a batch are packed end to end into one row, so the matrix products
+  carry no padding; attention regroups them per example (in buckets of similar length) so that each
+  attends to the shared prefix and to itself only (``_packed_attention_forward``, routed through
+  transformers' ``AttentionInterface`` for the duration of the forward pass);
+* hidden states become logits only at each example's last position and only for the label tokens;
 * results are cached by (template, example), so a template seen again costs nothing.
 
 Equivalence: the shared prefix is cut on a token boundary of the full prompt's own tokenization (checked
 for every example; an example whose tokens differ there is scored without sharing), so both paths feed the
-model identical token ids. In float32 they agree to about 1e-4. In bfloat16, padding changes the shape of the
+model identical token ids. In float32 they agree to about 1e-4. In bfloat16, packing changes the shape of the
 matrix products and so their rounding, and the naive path's logits are themselves rounded to bfloat16 (this
 path projects onto the label rows in float32): scores differ by up to about 0.3 in log-odds (see the tests).
 """
@@ -28,7 +31,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from transformers import DynamicCache
 
 from pipelines.models import LoadedLM
 from pipelines.pair_cache import PairCache
@@ -126,14 +128,16 @@ class LabelScorer:
         verbalizers: list[str],
         *,
         chat_template: bool = True,
-        batch_size: int = 16,
+        batch_size: int = 64,
+        tokens_per_batch: int = 2048,
         cache_pairs: int = 200_000,
     ):
         self.lm = lm
         self.verbalizers = list(verbalizers)
         self.label_ids = label_token_ids(lm.tokenizer, self.verbalizers)
         self.chat_template = chat_template
-        self.batch_size = batch_size
+        self.batch_size = batch_size  # sequences per forward pass, at most
+        self.tokens_per_batch = tokens_per_batch  # tokens per forward pass, at most (one longer sequence runs alone)
         self._cache = PairCache(cache_pairs)
         self.stats = ScorerStats()
         model = lm.model
@@ -147,7 +151,7 @@ class LabelScorer:
         for ids in self.label_ids:
             self._head_index.append(list(range(start, start + len(ids))))
             start += len(ids)
-        self._pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
+        self._n_layers = model.config.num_hidden_layers
 
     # --- public API ------------------------------------------------------------------------
     def score(self, template: Template, texts: list[str]) -> np.ndarray:
@@ -200,35 +204,127 @@ class LabelScorer:
         return out
 
     def _run_batches(self, suffixes: dict[int, list[int]], prefix_kv, n_prefix: int) -> dict[int, np.ndarray]:
+        """Score token sequences that follow a shared prefix (``prefix_kv``; None: no prefix), packed.
+
+        The sequences of a batch are laid end to end in one row, so the matrix products see no padding;
+        ``_packed_attention`` lets each sequence attend to the prefix and to itself only."""
         order = sorted(suffixes, key=lambda i: len(suffixes[i]))  # similar lengths together: little padding
         results: dict[int, np.ndarray] = {}
-        for start in range(0, len(order), self.batch_size):
+        start = 0
+        while start < len(order):
             t0 = time.perf_counter()
-            rows = order[start : start + self.batch_size]
-            width = max(len(suffixes[i]) for i in rows)
-            ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
-            mask = torch.zeros((len(rows), n_prefix + width), dtype=torch.long)
-            mask[:, :n_prefix] = 1
-            last = torch.zeros(len(rows), dtype=torch.long)
-            for r, i in enumerate(rows):  # right padding: real tokens keep their positions
-                seq = suffixes[i]
-                ids[r, : len(seq)] = torch.tensor(seq)
-                mask[r, n_prefix : n_prefix + len(seq)] = 1
-                last[r] = len(seq) - 1
-            kwargs = {}
-            if prefix_kv is not None:
-                kwargs["past_key_values"] = DynamicCache(
-                    ddp_cache_data=[(k.expand(len(rows), -1, -1, -1), v.expand(len(rows), -1, -1, -1)) for k, v in prefix_kv],
-                    config=self.lm.model.config,
+            rows, total = [], 0
+            for i in order[start:]:  # as many sequences as fit the token budget (at least one)
+                if rows and (len(rows) == self.batch_size or total + len(suffixes[i]) > self.tokens_per_batch):
+                    break
+                rows.append(i)
+                total += len(suffixes[i])
+            start += len(rows)
+            packing = _Packing.build([suffixes[i] for i in rows], n_prefix, prefix_kv)
+            with _packed_attention(self.lm.model, packing):
+                hidden = self._body(input_ids=packing.ids, position_ids=packing.positions, use_cache=False).last_hidden_state
+            if packing.calls != self._n_layers:
+                raise RuntimeError(
+                    f"{type(self.lm.model).__name__} did not route attention through transformers' "
+                    f"AttentionInterface ({packing.calls} of {self._n_layers} layers); packed scoring needs it"
                 )
-            positions = torch.arange(n_prefix, n_prefix + width).unsqueeze(0).expand(len(rows), -1)
-            hidden = self._body(
-                input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=prefix_kv is not None, **kwargs
-            ).last_hidden_state
-            picked = hidden[torch.arange(len(rows)), last]  # (rows, d): each row's last real position
+            picked = hidden[0, packing.last]  # (rows, d): each sequence's last token
             scores = label_logprobs(picked.float() @ self._label_head.T, self._head_index)
             for r, i in enumerate(rows):
                 results[i] = scores[r]
-            self.stats.tokens_forward += len(rows) * width
+            self.stats.tokens_forward += total
             self.stats.forward_s.append(time.perf_counter() - t0)
         return results
+
+
+_PACKED = "tune_prompts_packed"
+
+
+@dataclass
+class _Packing:
+    """Sequences laid end to end in one row of ``ids`` (what the matrix products see: no padding), and,
+    for attention, the same tokens regrouped per sequence into buckets of similar length (little padding)."""
+
+    ids: torch.Tensor  # (1, N) all tokens
+    positions: torch.Tensor  # (1, N) each token's position in its own prompt (after the prefix)
+    last: torch.Tensor  # (S,) index in the row of each sequence's last token
+    buckets: list[tuple[torch.Tensor, torch.Tensor]]  # per bucket: (S_b, L_b) row index of each
+    #   (sequence, position), N (a zero row) for padding; and the (L_b, P + L_b) mask: all of the prefix,
+    #   then causal within the sequence
+    scatter: torch.Tensor  # (N,) index of each row token in the buckets' outputs, flattened and concatenated
+    prefix_kv: list | None  # per layer (keys, values) of the shared prefix, (1, kv_heads, P, head_dim)
+    calls: int = 0  # attention layers that went through _packed_attention_forward
+
+    @classmethod
+    def build(cls, seqs: list[list[int]], n_prefix: int, prefix_kv, slack: float = 1.25) -> "_Packing":
+        """``seqs`` sorted by length; a bucket closes when a sequence is ``slack`` times its first one."""
+        lengths = [len(s) for s in seqs]
+        starts = np.cumsum([0] + lengths[:-1])
+        n = int(sum(lengths))
+        scatter = np.zeros(n, dtype=np.int64)
+        buckets, first, flat_offset = [], 0, 0
+        for j in range(1, len(seqs) + 1):
+            if j < len(seqs) and lengths[j] <= slack * lengths[first]:
+                continue
+            width = max(lengths[first:j])
+            gather = np.full((j - first, width), n, dtype=np.int64)
+            for r, k in enumerate(range(first, j)):
+                gather[r, : lengths[k]] = starts[k] + np.arange(lengths[k])
+                scatter[starts[k] : starts[k] + lengths[k]] = flat_offset + r * width + np.arange(lengths[k])
+            causal = torch.ones(width, width, dtype=torch.bool).tril()
+            mask = torch.cat([torch.ones(width, n_prefix, dtype=torch.bool), causal], dim=1)
+            buckets.append((torch.from_numpy(gather), mask))
+            flat_offset += (j - first) * width
+            first = j
+        within = np.concatenate([np.arange(length) for length in lengths])
+        return cls(
+            ids=torch.tensor([[t for s in seqs for t in s]]),
+            positions=torch.from_numpy(n_prefix + within).unsqueeze(0),
+            last=torch.from_numpy(starts + np.array(lengths) - 1),
+            buckets=buckets,
+            scatter=torch.from_numpy(scatter),
+            prefix_kv=prefix_kv,
+        )
+
+
+_ACTIVE: list[_Packing] = []  # the packing of the forward pass in progress (a stack of at most one)
+
+
+def _packed_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Attention for a packed row: query/key/value (1, heads, N, head_dim) are regrouped per sequence,
+    each sequence attends to the shared prefix and causally to itself, and the result goes back to the row."""
+    packing = _ACTIVE[-1]
+    packing.calls += 1
+    flat = [torch.cat([x[0].transpose(0, 1), x.new_zeros(1, x.shape[1], x.shape[3])]) for x in (query, key, value)]
+    outs = []
+    for gather, mask in packing.buckets:
+        q, k, v = (x[gather].transpose(1, 2) for x in flat)  # (S_b, heads, L_b, d)
+        if packing.prefix_kv is not None:
+            prefix_k, prefix_v = packing.prefix_kv[module.layer_idx]
+            k = torch.cat([prefix_k.expand(len(k), -1, -1, -1), k], dim=2)
+            v = torch.cat([prefix_v.expand(len(v), -1, -1, -1), v], dim=2)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, scale=scaling, enable_gqa=q.shape[1] != k.shape[1]
+        )
+        outs.append(out.transpose(1, 2).reshape(-1, out.shape[1], out.shape[3]))  # (S_b * L_b, heads, d)
+    return torch.cat(outs)[packing.scatter].unsqueeze(0), None  # (1, N, heads, d), like transformers' functions
+
+
+class _packed_attention:
+    """Route the model's attention through ``_packed_attention_forward`` for one forward pass."""
+
+    def __init__(self, model, packing: _Packing):
+        self.config, self.packing = model.config, packing
+
+    def __enter__(self):
+        from transformers import AttentionInterface
+
+        if _PACKED not in AttentionInterface._global_mapping:
+            AttentionInterface.register(_PACKED, _packed_attention_forward)
+        self.saved = self.config._attn_implementation
+        self.config._attn_implementation = _PACKED
+        _ACTIVE.append(self.packing)
+
+    def __exit__(self, *exc):
+        _ACTIVE.pop()
+        self.config._attn_implementation = self.saved

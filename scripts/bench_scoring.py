@@ -5,7 +5,8 @@ model, alternating template by template so that a change in machine load hits bo
   * naive:   one unbatched forward pass per pair over the whole prompt, logits at every position
              (`pipelines.target.score_naive`);
   * scorer:  `pipelines.target.LabelScorer` with an empty cache: the template's shared prompt prefix once,
-             suffixes in length-sorted batches, the label rows of the output layer at the last position only;
+             the example suffixes packed without padding, the label rows of the output layer at the last
+             position only;
   * cached:  the same scorer asked again for the same pairs (a template seen again during tuning).
 It prints pairs/s and the ratios, and the model FLOP/s each achieves against the bf16 matrix-multiply
 FLOP/s measured on this machine in the same run.
@@ -56,7 +57,7 @@ def main() -> int:
     parser.add_argument("--examples", type=int, default=60)
     parser.add_argument("--templates", type=int, default=6)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--batch-size", type=int, default=64, help="examples per forward pass of the scorer")
     args = parser.parse_args()
 
     import numpy as np

@@ -109,6 +109,26 @@ def test_judge_rejects_rubrics_with_braces():
         Judge({"x": "Does it use {text.__class__}?"}, lambda f, c: None)
 
 
+def test_packing_layout_round_trips_every_token():
+    import torch
+
+    from pipelines.target import _Packing
+
+    seqs = [[1, 2], [3, 4, 5, 6], [7, 8, 9, 10, 11], [12] * 9]  # sorted; a length over 1.25x a bucket's first opens one
+    packing = _Packing.build(seqs, n_prefix=5, prefix_kv=None)
+    assert packing.ids.tolist() == [[t for s in seqs for t in s]]
+    assert packing.positions.tolist() == [[5, 6, 5, 6, 7, 8, 5, 6, 7, 8, 9] + list(range(5, 14))]
+    assert packing.last.tolist() == [1, 5, 10, 19]
+    # Tokens regrouped per sequence and scattered back land where they were; padding points at the zero row.
+    row = packing.ids[0]
+    padded = torch.cat([row, torch.tensor([0])])
+    regrouped = torch.cat([padded[gather].reshape(-1) for gather, _ in packing.buckets])
+    assert torch.equal(regrouped[packing.scatter], row)
+    assert [tuple(g.shape) for g, _ in packing.buckets] == [(1, 2), (2, 5), (1, 9)]
+    mask = packing.buckets[1][1]
+    assert mask.shape == (5, 5 + 5) and mask[:, :5].all() and torch.equal(mask[:, 5:], torch.ones(5, 5).tril().bool())
+
+
 # ---- with the real model ------------------------------------------------------------------------
 
 
