@@ -384,7 +384,9 @@ def build_parser() -> argparse.ArgumentParser:
     tuning.add_argument("--steps", type=int, default=5, help="PPO steps (default 5)")
     tuning.add_argument("--candidates", type=int, help="candidates per step (default: the task's, 8)")
     tuning.add_argument("--dev-examples", type=int, default=100, help="dev examples per candidate reward (default 100; 0: all)")
-    tuning.add_argument("--finalists", type=int, default=3, help="best candidates evaluated on the test split (default 3)")
+    tuning.add_argument("--finalists", type=int, default=2,
+                        help="candidates evaluated on the test split, the best by reward on the whole dev split "
+                             "among the 2 x finalists best by step reward (default 2)")
     tuning.add_argument("--run-dir", help="run folder for checkpoints, report and W&B files (default runs/<task>-<time>)")
     tuning.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
     tuning.add_argument("--seed", type=int, default=0)
@@ -392,7 +394,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="local: this machine's PPO loop (default); openrlhf: write the train_ppo_ray job and submit it")
     tuning.add_argument("--dry-run", action="store_true", help="with --backend openrlhf: print the job instead of submitting it")
     tuning.add_argument("--ray-address", help="Ray cluster address (default: a local Ray)")
-    tuning.add_argument("--num-scorers", type=int, default=1, help="Ray scoring actors (default 1)")
+    tuning.add_argument("--num-scorers", type=int, default=2,
+                        help="Ray scoring actors, each with an equal share of the CPUs (default 2; at most one per CPU)")
     tuning.add_argument("--policy-model", default=EMBEDDED, help="the policy that writes instructions")
     tuning.add_argument("--model", default=EMBEDDED, help="the target model (and judge, unless --judge-model)")
     tuning.add_argument("--judge-model", help="a separate judge model")

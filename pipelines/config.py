@@ -78,7 +78,7 @@ class ScoringConfig(_Strict):
     batch_size: int = Field(64, gt=0, description="examples per forward pass of the target, packed without padding")
     calibration_examples: int = Field(120, ge=2, description="train examples used to fit the decision threshold")
     robustness_attacks: tuple[Literal["checklist", "stresstest"], ...] = ("checklist", "stresstest")
-    robustness_examples: int = Field(30, ge=2, description="dev examples scored per perturbed template")
+    robustness_examples: int = Field(20, ge=2, description="dev examples scored per perturbed template")
 
 
 class JudgeConfig(_Strict):

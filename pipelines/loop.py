@@ -1,10 +1,11 @@
-"""The tuning loop: generate -> score -> weight -> update -> keep the best -> (at the end) test, gate, store.
+"""The tuning loop: generate -> score -> weight -> update -> keep the best -> (at the end) select, test, gate, store.
 
 ``tune`` is one function to read top to bottom. Each step samples candidate instructions from the policy,
 scores them on Ray, weighs the components into rewards, updates the policy with OpenRLHF's PPO losses,
-keeps a leaderboard, logs to W&B and writes a checkpoint. After the last step the seed template and the best
-candidates are evaluated on the held-out test split (which tuning never reads), the best one goes through
-the promotion gate, and it is recorded in the template store.
+keeps a leaderboard, logs to W&B and writes a checkpoint. After the last step the best candidates are
+measured again on the whole dev split, the finalists and the seed template are evaluated on the held-out
+test split (which tuning never reads), the best finalist by dev reward goes through the promotion gate, and
+it is recorded in the template store.
 
 Repeatability: sampling, PPO minibatch order and the data splits are seeded, so a run with the same seed,
 settings and machine repeats. Not repeatable across machines or thread counts: CPU matrix products round
@@ -36,12 +37,12 @@ class RunOptions:
     policy_model: str = "embedded:smollm2-135m-instruct"
     target_model: str = "embedded:smollm2-135m-instruct"
     judge_model: str | None = None  # default: the target model
-    num_scorers: int = 1
+    num_scorers: int = 2  # Ray scoring actors (capped at the CPUs Ray has)
     ray_address: str | None = None
     run_dir: str = "runs/latest"
     seed: int = 0
     max_new_tokens: int = 48
-    finalists: int = 3  # best distinct candidates evaluated on the test split
+    finalists: int = 2  # candidates evaluated on the test split (chosen from the best 2 x finalists on the whole dev split)
     dev_examples: int | None = 100  # dev examples in each candidate's reward (None: the whole dev split)
     wandb_mode: str = "offline"
     wandb_project: str = "tune-prompts"
@@ -104,8 +105,7 @@ def tune(task: TaskConfig, options: RunOptions, *, resume: bool = False, log=pri
     components = components_for(task.judge.rubrics)
     check_weights(task.reward.weights, components)  # fail before loading anything
     splits = load_splits(task)
-    if options.dev_examples:
-        splits = type(splits)(splits.train, splits.dev[: options.dev_examples], splits.test)
+    n_reward = min(options.dev_examples or len(splits.dev), len(splits.dev))  # dev examples in a step reward
     state, policy_ckpt = LoopState(), None
     if resume:
         found = _load_checkpoint(run_dir)
@@ -121,7 +121,7 @@ def tune(task: TaskConfig, options: RunOptions, *, resume: bool = False, log=pri
     t0 = time.perf_counter()
     init_ray(options.ray_address)
     pool = ScoringPool(task, splits, target_model=options.target_model, judge_model=options.judge_model,
-                       num_workers=options.num_scorers)
+                       num_workers=options.num_scorers, reward_examples=n_reward)
     policy = load_causal_lm(options.policy_model)
     learner = rl.PPOLearner(policy.model, task.ppo.model_copy(update={"n_samples_per_prompt": task.generation.candidates_per_step}))
     if policy_ckpt is not None:
@@ -138,7 +138,7 @@ def tune(task: TaskConfig, options: RunOptions, *, resume: bool = False, log=pri
     seed_text = task.seed_template().text
     if not state.leaderboard:  # the seed is the first incumbent the policy improves on
         (seed_m,) = pool.measure([seed_text])
-        state.target_calls += len(splits.dev) + 2 * task.scoring.robustness_examples
+        state.target_calls += n_reward + 2 * task.scoring.robustness_examples
         seed_r = weigh(seed_m, task.reward.weights, components, task.reward.invalid_penalty)
         state.leaderboard = [_row(task, 0, seed_m, seed_r)]
 
@@ -158,7 +158,7 @@ def tune(task: TaskConfig, options: RunOptions, *, resume: bool = False, log=pri
         # 2. score on Ray: validity, target metric, robustness, judge, length
         t = time.perf_counter()
         measured = pool.measure(texts)
-        state.target_calls += sum(len(splits.dev) + 2 * task.scoring.robustness_examples for m in measured if m.valid)
+        state.target_calls += sum(n_reward + 2 * task.scoring.robustness_examples for m in measured if m.valid)
         timing["timing/score_s"] = time.perf_counter() - t
         # 3. weight: components -> one reward per candidate (invalid ones get the fixed penalty)
         rewards = [weigh(m, task.reward.weights, components, task.reward.invalid_penalty) for m in measured]
@@ -178,24 +178,43 @@ def tune(task: TaskConfig, options: RunOptions, *, resume: bool = False, log=pri
         _save_checkpoint(run_dir, learner, state)
         steps.set_postfix(reward=f"{scalars.get('reward/total/mean', 0):.3f}", best=f"{state.leaderboard[0]['total_reward']:.3f}")
 
-    # 6. held-out test: the seed template against the best distinct candidates
+    # 6. finalists: the best candidates re-measured on the whole dev split (tuning never reads test)
     t = time.perf_counter()
-    finalists = [row["template"] for row in state.leaderboard if row["template"] != seed_text][: options.finalists]
+    ranked = [row["template"] for row in state.leaderboard if row["template"] != seed_text]
+    finalists, shortlist = select_finalists(task, pool, ranked, options.finalists)
+    state.target_calls += len(shortlist) * len(splits.dev)
+    timings["timing/select_s"] = time.perf_counter() - t
+    # 7. held-out test: the seed template against the finalists
+    t = time.perf_counter()
     log(f"evaluating the seed and {len(finalists)} best candidates on the held-out test split ...")
     evaluations = pool.evaluate([seed_text] + finalists, "test")
     timings["timing/test_eval_s"] = time.perf_counter() - t
     final_rows = [_final_row(task, "seed" if i == 0 else f"candidate {i}", ev) for i, ev in enumerate(evaluations)]
     tracker.log_leaderboard(sorted(final_rows, key=lambda r: -r[task.scoring.metric]))
     report = {"task": task.name, "run_dir": str(run_dir), "steps": state.step, "wandb_folder": tracker.folder,
-              "target_calls": state.target_calls, "test": final_rows, "history": state.history,
+              "target_calls": state.target_calls, "test": final_rows, "shortlist": shortlist, "history": state.history,
               "scorer_workers_replaced": pool.replaced, "timings": timings}
-    # 7. promotion: the best candidate on test goes through the gate into the store
+    # 8. promotion: the first finalist (best by whole-dev reward) goes through the gate into the store
     if options.store_url:
         report["promotion"] = _promote(task, options, evaluations, run_dir.name)
     (run_dir / "report.json").write_text(json.dumps(report, indent=1, default=str))
     tracker.finish()
     pool.shutdown()
     return report
+
+
+def select_finalists(task: TaskConfig, pool, ranked: list[str], n: int) -> tuple[list[str], list[dict]]:
+    """The ``n`` candidates that go on to the test split, chosen on dev only: the best ``2 n`` by step reward
+    (a dev sample, noisy when many candidates compete) are measured again on the whole dev split and ranked
+    by that reward. Returns the finalists and the shortlist's rows (whole-dev reward), best first."""
+    components = components_for(task.judge.rubrics)
+    shortlist = ranked[: 2 * n]
+    if not shortlist:
+        return [], []
+    measured = pool.measure(shortlist, whole_dev=True)
+    rows = [_row(task, 0, m, weigh(m, task.reward.weights, components, task.reward.invalid_penalty)) for m in measured]
+    rows.sort(key=lambda r: -r["total_reward"])
+    return [r["template"] for r in rows[:n] if r["valid"]], rows
 
 
 def _row(task: TaskConfig, step: int, m, reward) -> dict:
@@ -256,7 +275,7 @@ def _promote(task: TaskConfig, options: RunOptions, evaluations, run_id: str) ->
         valid = [ev for ev in candidates if ev.measured.valid]
         if not valid:
             return {"promoted": False, "reasons": ["no valid candidate"], "production": incumbent.id}
-        best = valid[0]  # the best by dev reward; picking by the test metric too would bias the gate's comparison
+        best = valid[0]  # the best by whole-dev reward; picking by the test metric too would bias the gate's comparison
         decision = decide(_measurements(best, config.metric), incumbent_m, config)
         version = store.add_version(task.name, task.make_template(best.measured.template), parent_id=incumbent.id,
                                     run_id=run_id, scores=_scores(best), latency=_latency(best), decision=decision)

@@ -59,8 +59,9 @@ def _prebuilt(scorer, verbalizers: list[str], role: str):
 
 
 class CandidateScorer:
-    def __init__(self, task: TaskConfig, splits: Splits, target, judge_lm=None):
-        """``target`` and ``judge_lm``: a ``LoadedLM`` (scored in-process by ``LabelScorer``) or a prebuilt
+    def __init__(self, task: TaskConfig, splits: Splits, target, judge_lm=None, *, reward_examples: int | None = None):
+        """``reward_examples``: how many dev examples (from the start of the split) ``measure`` scores by
+        default; None: all of them. ``target`` and ``judge_lm``: a ``LoadedLM`` (scored in-process by ``LabelScorer``) or a prebuilt
         label scorer, anything with ``score(template, texts)`` and ``verbalizers`` (e.g. an
         ``EndpointLabelScorer`` from ``pipelines.endpoints.make_label_scorer``). A prebuilt target scorer must
         use the task's verbalizers in label order; a prebuilt judge scorer, ``JUDGE_VERBALIZERS``."""
@@ -95,7 +96,7 @@ class CandidateScorer:
             from pipelines.models import load_tokenizer
 
             self.tokenizer = load_tokenizer()
-        self.dev = list(splits.dev)
+        self.dev = list(splits.dev)[:reward_examples] if reward_examples else list(splits.dev)
         rng = random.Random(task.split.seed)
         self.robust_sample = rng.sample(self.dev, min(cfg.robustness_examples, len(self.dev)))
         self.calibration = list(splits.train)[: cfg.calibration_examples]
@@ -140,9 +141,11 @@ class CandidateScorer:
         return out
 
     # --- the tuning loop's entry point --------------------------------------------------------------
-    def measure(self, texts: Sequence[str], *, robustness: bool = True) -> list[Measured]:
-        """Measure candidate template texts on the dev split (invalid ones are marked, not raised)."""
+    def measure(self, texts: Sequence[str], *, robustness: bool = True, whole_dev: bool = False) -> list[Measured]:
+        """Measure candidate template texts on the dev sample, or on the whole dev split with ``whole_dev``
+        (invalid ones are marked, not raised). Robustness always uses the same small dev sample."""
         cfg = self.task
+        dev = list(self.splits.dev) if whole_dev else self.dev
         results: list[Measured | None] = [None] * len(texts)
         valid: list[tuple[int, Template, int]] = []
         for i, text in enumerate(texts):
@@ -157,8 +160,8 @@ class CandidateScorer:
         judge_s = (time.perf_counter() - t0) / max(1, len(valid))
         for (i, template, tokens), judge in zip(valid, judged):
             t0 = time.perf_counter()
-            odds = self.log_odds(template, self.dev)
-            metric = self._reward_metric(odds, self.dev)
+            odds = self.log_odds(template, dev)
+            metric = self._reward_metric(odds, dev)
             t1 = time.perf_counter()
             pdr = self.robustness_pdr(template) if robustness else {}
             t2 = time.perf_counter()

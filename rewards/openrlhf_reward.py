@@ -107,14 +107,13 @@ def _build_scorer(settings: dict):
 
     task = _task(settings)
     splits = load_splits(task)
-    if settings.get("dev_examples"):
-        splits = type(splits)(splits.train, splits.dev[: int(settings["dev_examples"])], splits.test)
     target_model = settings.get("target_model") or EMBEDDED
     judge_model = settings.get("judge_model")
     target = load_causal_lm(target_model)
     judge = load_causal_lm(judge_model) if judge_model and judge_model != target_model else None
-    log.info("reward scorer ready: task %s, target %s, %d dev examples", task.name, target_model, len(splits.dev))
-    return CandidateScorer(task, splits, target, judge)
+    scorer = CandidateScorer(task, splits, target, judge, reward_examples=settings.get("dev_examples"))
+    log.info("reward scorer ready: task %s, target %s, %d dev examples", task.name, target_model, len(scorer.dev))
+    return scorer
 
 
 def response_of(query: str, prompt: str, end_tokens=DEFAULT_END_TOKENS) -> str:

@@ -3,8 +3,10 @@
 For each task (risk, sentiment), at an equal number of target-model calls:
   * seed       the task's hand-written seed template;
   * best-of-N  N instructions sampled from the untrained policy with the seed meta-prompt (N = steps x
-               candidates, the same number of candidates the PPO run scores), the best by dev reward;
-  * PPO        the best candidate of a PPO run (`pipelines.loop.tune`, default settings).
+               candidates, the same number of candidates the PPO run scores), the best chosen as the PPO
+               run chooses (`pipelines.loop.select_finalists`: the best 2 x finalists by step reward,
+               re-ranked by their reward on the whole dev split);
+  * PPO        the first finalist of a PPO run (`pipelines.loop.tune`, default settings).
 Each chosen template is evaluated on the held-out test split (threshold fitted on train). Prints a table with
 balanced accuracy, ROC-AUC, target-model calls and wall time.
 
@@ -30,6 +32,7 @@ from pipelines.cli import quiet_libraries, table  # noqa: E402
 def best_of_n(task, splits, n: int, options, pool) -> tuple[dict, int, float]:
     from pipelines import openrlhf_adapter as rl
     from pipelines.generation import candidate_text, meta_prompt
+    from pipelines.loop import select_finalists
     from pipelines.models import load_causal_lm
     from rewards.components import components_for
     from rewards.weighting import weigh
@@ -45,10 +48,12 @@ def best_of_n(task, splits, n: int, options, pool) -> tuple[dict, int, float]:
                             task.generation.temperature, task.generation.top_p, seed=options.seed * 100_003 + step // batch)
         texts += [candidate_text(task, reply) for reply in sampled.texts]
     measured = pool.measure(texts)
-    calls = sum(len(splits.dev) + 2 * task.scoring.robustness_examples for m in measured if m.valid)
+    calls = sum(options.dev_examples + 2 * task.scoring.robustness_examples for m in measured if m.valid)
     rewards = [weigh(m, task.reward.weights, components, task.reward.invalid_penalty).total for m in measured]
-    best = max(range(len(texts)), key=lambda i: rewards[i])
-    (ev,) = pool.evaluate([texts[best]], "test", latency=False)
+    ranked = sorted({texts[i]: rewards[i] for i in range(len(texts)) if measured[i].valid}.items(), key=lambda kv: -kv[1])
+    finalists, shortlist = select_finalists(task, pool, [text for text, _ in ranked], options.finalists)
+    calls += len(shortlist) * len(splits.dev)
+    (ev,) = pool.evaluate(finalists[:1], "test", latency=False)
     return ev, calls, time.perf_counter() - started
 
 
@@ -71,16 +76,16 @@ def main() -> int:
         task = load_task(name)
         with tempfile.TemporaryDirectory() as tmp:
             options = RunOptions(steps=args.steps, run_dir=str(Path(tmp) / "run"), seed=args.seed, wandb_mode="disabled",
-                                 progress=True, finalists=3)
+                                 progress=True)
             started = time.perf_counter()
             report = tune(task, options, log=lambda *a: print(*a, file=sys.stderr))
             ppo_s = time.perf_counter() - started
         seed_row = report["test"][0]
-        ppo_row = report["test"][1]  # the best by dev reward (the leaderboard order), never chosen on test
+        ppo_row = report["test"][1]  # the first finalist, chosen by whole-dev reward, never on test
         splits = load_splits(task)
-        splits = type(splits)(splits.train, splits.dev[: options.dev_examples], splits.test)
         init_ray()
-        pool = ScoringPool(task, splits, target_model=options.target_model, num_workers=1)
+        pool = ScoringPool(task, splits, target_model=options.target_model, num_workers=options.num_scorers,
+                           reward_examples=options.dev_examples)
         n = args.steps * task.generation.candidates_per_step
         ev, calls, bon_s = best_of_n(task, splits, n, options, pool)
         pool.shutdown()

@@ -92,3 +92,25 @@ def test_a_run_folder_is_never_overwritten(tmp_path, capsys):
     assert "already holds a run" in capsys.readouterr().err
     assert main(["--task", "risk", "--run-dir", str(tmp_path / "empty"), "--resume", "--no-store"]) == 2
     assert "no checkpoint" in capsys.readouterr().err
+
+
+def test_finalists_are_re_ranked_on_the_whole_dev_split():
+    from pipelines.config import load_task
+    from pipelines.loop import select_finalists
+    from rewards.components import Measured
+
+    task = load_task("risk")
+    whole_dev_auc = {"a": 0.70, "b": 0.90, "c": 0.80, "d": 0.99, "e": 0.5}  # step order was a, b, c, d, e
+
+    class Pool:  # scripted: what the workers would measure on the whole dev split
+        def measure(self, texts, whole_dev=False):
+            assert whole_dev
+            self.asked = list(texts)
+            return [Measured(template=t, valid=True, tokens=10, max_tokens=160, metrics={"roc_auc": whole_dev_auc[t]},
+                             reward_metric="roc_auc", chance=0.5) for t in texts]
+
+    pool = Pool()
+    finalists, rows = select_finalists(task, pool, ["a", "b", "c", "d", "e"], 2)
+    assert pool.asked == ["a", "b", "c", "d"]  # the best 2 x 2 by step reward; "e" is not re-measured
+    assert finalists == ["d", "b"] and [r["template"] for r in rows] == ["d", "b", "c", "a"]
+    assert select_finalists(task, pool, [], 2) == ([], [])

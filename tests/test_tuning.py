@@ -51,6 +51,10 @@ def test_tune_runs_end_to_end_and_fills_wandb_and_the_store(tmp_path, capsys, ra
                     "train/value_loss", "timing/generate_s", "timing/score_s", "timing/update_s"):
             assert key in scalars, key
     assert report["test"][0]["template_name"] == "seed" and len(report["test"]) >= 2
+    # finalists: the shortlist re-ranked by whole-dev reward, best first, tested in that order
+    shortlist = report["shortlist"]
+    assert [r["total_reward"] for r in shortlist] == sorted((r["total_reward"] for r in shortlist), reverse=True)
+    assert [r["template"] for r in report["test"][1:]] == [r["template"] for r in shortlist[: len(report["test"]) - 1]]
     assert 0.0 <= report["test"][0]["balanced_accuracy"] <= 1.0
 
     # the per-step candidate tables, read back from the offline W&B files
