@@ -381,12 +381,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--task", help=f"the task to tune: a built-in ({', '.join(builtin_tasks())}) or a task YAML file")
     tuning = parser.add_argument_group("tuning (with --task and no command)")
-    tuning.add_argument("--steps", type=int, default=5, help="PPO steps (default 5)")
+    tuning.add_argument("--steps", type=int, default=4, help="PPO steps (default 4)")
     tuning.add_argument("--candidates", type=int, help="candidates per step (default: the task's, 8)")
     tuning.add_argument("--dev-examples", type=int, default=100, help="dev examples per candidate reward (default 100; 0: all)")
-    tuning.add_argument("--finalists", type=int, default=2,
-                        help="candidates evaluated on the test split, the best by reward on the whole dev split "
-                             "among the 2 x finalists best by step reward (default 2)")
+    tuning.add_argument("--finalists", type=int, default=1,
+                        help="candidates evaluated on the test split: the best by reward on the whole dev split, "
+                             "among the max(4, 2 x finalists) best by step reward (default 1)")
     tuning.add_argument("--run-dir", help="run folder for checkpoints, report and W&B files (default runs/<task>-<time>)")
     tuning.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
     tuning.add_argument("--seed", type=int, default=0)

@@ -33,7 +33,7 @@ from rewards.weighting import check_weights, weigh
 
 @dataclass(frozen=True)
 class RunOptions:
-    steps: int = 5
+    steps: int = 4
     policy_model: str = "embedded:smollm2-135m-instruct"
     target_model: str = "embedded:smollm2-135m-instruct"
     judge_model: str | None = None  # default: the target model
@@ -42,7 +42,7 @@ class RunOptions:
     run_dir: str = "runs/latest"
     seed: int = 0
     max_new_tokens: int = 48
-    finalists: int = 2  # candidates evaluated on the test split (chosen from the best 2 x finalists on the whole dev split)
+    finalists: int = 1  # candidates evaluated on the test split (see select_finalists)
     dev_examples: int | None = 100  # dev examples in each candidate's reward (None: the whole dev split)
     wandb_mode: str = "offline"
     wandb_project: str = "tune-prompts"
@@ -182,6 +182,9 @@ def tune(task: TaskConfig, options: RunOptions, *, resume: bool = False, log=pri
     t = time.perf_counter()
     ranked = [row["template"] for row in state.leaderboard if row["template"] != seed_text]
     finalists, shortlist = select_finalists(task, pool, ranked, options.finalists)
+    first_seen = {row["template"]: row["step"] for row in state.leaderboard}
+    for row in shortlist:
+        row["step"] = first_seen.get(row["template"], row["step"])
     state.target_calls += len(shortlist) * len(splits.dev)
     timings["timing/select_s"] = time.perf_counter() - t
     # 7. held-out test: the seed template against the finalists
@@ -204,11 +207,11 @@ def tune(task: TaskConfig, options: RunOptions, *, resume: bool = False, log=pri
 
 
 def select_finalists(task: TaskConfig, pool, ranked: list[str], n: int) -> tuple[list[str], list[dict]]:
-    """The ``n`` candidates that go on to the test split, chosen on dev only: the best ``2 n`` by step reward
-    (a dev sample, noisy when many candidates compete) are measured again on the whole dev split and ranked
-    by that reward. Returns the finalists and the shortlist's rows (whole-dev reward), best first."""
+    """The ``n`` candidates that go on to the test split, chosen on dev only: the best ``max(4, 2 n)`` by step
+    reward (a dev sample, noisy when many candidates compete) are measured again on the whole dev split and
+    ranked by that reward. Returns the finalists and the shortlist's rows (whole-dev reward), best first."""
     components = components_for(task.judge.rubrics)
-    shortlist = ranked[: 2 * n]
+    shortlist = ranked[: max(4, 2 * n)]
     if not shortlist:
         return [], []
     measured = pool.measure(shortlist, whole_dev=True)

@@ -4,13 +4,13 @@ For each task (risk, sentiment), at an equal number of target-model calls:
   * seed       the task's hand-written seed template;
   * best-of-N  N instructions sampled from the untrained policy with the seed meta-prompt (N = steps x
                candidates, the same number of candidates the PPO run scores), the best chosen as the PPO
-               run chooses (`pipelines.loop.select_finalists`: the best 2 x finalists by step reward,
-               re-ranked by their reward on the whole dev split);
+               run chooses (`pipelines.loop.select_finalists`: the best 4 by step reward, re-ranked by
+               their reward on the whole dev split);
   * PPO        the first finalist of a PPO run (`pipelines.loop.tune`, default settings).
 Each chosen template is evaluated on the held-out test split (threshold fitted on train). Prints a table with
 balanced accuracy, ROC-AUC, target-model calls and wall time.
 
-    .venv/bin/python scripts/bench_tuning.py [--tasks risk sentiment] [--steps 5] [--seed 0]
+    .venv/bin/python scripts/bench_tuning.py [--tasks risk sentiment] [--steps 4] [--seed 0]
 
 Not a CI test: it takes about 15-20 minutes per task on a 2-core machine.
 """
@@ -61,7 +61,7 @@ def main() -> int:
     quiet_libraries()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", nargs="+", default=["risk", "sentiment"])
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="also write the rows as JSON here")
     args = parser.parse_args()

@@ -111,6 +111,6 @@ def test_finalists_are_re_ranked_on_the_whole_dev_split():
 
     pool = Pool()
     finalists, rows = select_finalists(task, pool, ["a", "b", "c", "d", "e"], 2)
-    assert pool.asked == ["a", "b", "c", "d"]  # the best 2 x 2 by step reward; "e" is not re-measured
+    assert pool.asked == ["a", "b", "c", "d"]  # the best max(4, 2 x 2) by step reward; "e" is not re-measured
     assert finalists == ["d", "b"] and [r["template"] for r in rows] == ["d", "b", "c", "a"]
     assert select_finalists(task, pool, [], 2) == ([], [])
