@@ -295,13 +295,13 @@ def print_final_table(task: TaskConfig, report: dict) -> None:
     metric = task.scoring.metric
     columns = ["template_name", metric, "roc_auc", "accuracy", "macro_f1", "total_reward",
                *task.judge.rubrics, *[k for k in rows[0] if k.startswith("pdr/")], "tokens", "latency_p95_ms"]
-    print(f"\nheld-out test split ({task.name}): seed template vs the best tuned candidates")
+    print(f"\nheld-out test split ({task.name}): seed template vs the tuned finalists")
     print(table(rows, columns))
     seed = rows[0][metric]
-    tuned = rows[1] if len(rows) > 1 else None  # the best by dev reward: chosen without looking at test
+    tuned = rows[1] if len(rows) > 1 else None  # the best by whole-dev reward: chosen without looking at test
     if tuned is not None and seed is not None and tuned[metric] is not None:
         print(f"\n{metric}: seed {seed:.3f} -> tuned {tuned[metric]:.3f} ({tuned[metric] - seed:+.3f}), "
-              f"{tuned['template_name']} (the best by dev reward)")
+              f"{tuned['template_name']} (the best by reward on the whole dev split)")
     print("\ninstructions:")
     for row in rows:
         print(f"  {row['template_name']}: {row['instruction']!r}")

@@ -189,7 +189,8 @@ def tune(task: TaskConfig, options: RunOptions, *, resume: bool = False, log=pri
     timings["timing/select_s"] = time.perf_counter() - t
     # 7. held-out test: the seed template against the finalists
     t = time.perf_counter()
-    log(f"evaluating the seed and {len(finalists)} best candidates on the held-out test split ...")
+    log(f"evaluating the seed and {len(finalists)} finalist{'' if len(finalists) == 1 else 's'} "
+        "(chosen on the whole dev split) on the held-out test split ...")
     evaluations = pool.evaluate([seed_text] + finalists, "test")
     timings["timing/test_eval_s"] = time.perf_counter() - t
     final_rows = [_final_row(task, "seed" if i == 0 else f"candidate {i}", ev) for i, ev in enumerate(evaluations)]
