@@ -99,7 +99,9 @@ class ScoringPool:
             self.cpus = cpus_per_worker
         else:  # an equal share each; never more workers than CPUs (an actor without one would wait forever)
             available = max(1, int(ray.available_resources().get("CPU", 1)))
-            num_workers = min(num_workers, available)
+            if num_workers > available:
+                log.warning("%d scoring workers asked for, %d CPUs free in Ray: starting %d", num_workers, available, available)
+                num_workers = available
             self.cpus = available // num_workers
         self._args = (task, splits, target_model, judge_model, self.cpus, reward_examples)
         self.workers = [self._start() for _ in range(num_workers)]

@@ -27,6 +27,7 @@ path projects onto the label rows in float32): scores differ by up to about 0.3 
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -310,21 +311,18 @@ def _packed_attention_forward(module, query, key, value, attention_mask, scaling
     return torch.cat(outs)[packing.scatter].unsqueeze(0), None  # (1, N, heads, d), like transformers' functions
 
 
-class _packed_attention:
+@contextmanager
+def _packed_attention(model, packing: _Packing):
     """Route the model's attention through ``_packed_attention_forward`` for one forward pass."""
+    from transformers import AttentionInterface
 
-    def __init__(self, model, packing: _Packing):
-        self.config, self.packing = model.config, packing
-
-    def __enter__(self):
-        from transformers import AttentionInterface
-
-        if _PACKED not in AttentionInterface._global_mapping:
-            AttentionInterface.register(_PACKED, _packed_attention_forward)
-        self.saved = self.config._attn_implementation
-        self.config._attn_implementation = _PACKED
-        _ACTIVE.append(self.packing)
-
-    def __exit__(self, *exc):
+    if _PACKED not in AttentionInterface._global_mapping:
+        AttentionInterface.register(_PACKED, _packed_attention_forward)
+    saved = model.config._attn_implementation
+    model.config._attn_implementation = _PACKED
+    _ACTIVE.append(packing)
+    try:
+        yield
+    finally:
         _ACTIVE.pop()
-        self.config._attn_implementation = self.saved
+        model.config._attn_implementation = saved
