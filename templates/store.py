@@ -33,6 +33,7 @@ import os
 import re
 import sqlite3
 import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -138,6 +139,11 @@ _CURRENT = "SELECT version_id, share, ramp FROM label_history WHERE task = ? AND
 
 class StoreError(Exception):
     """The store cannot do what was asked; the message names the problem and the fix."""
+
+
+def _is_lock_error(exc: Exception) -> bool:
+    text = str(exc)
+    return isinstance(exc, sqlite3.Error) and ("locked" in text or "busy" in text)
 
 
 def default_store_url() -> str:
@@ -291,6 +297,19 @@ class TemplateStore:
                 "or postgresql://user:password@host:port/database"
             )
         path = os.path.abspath(rest[1:])
+        # SQLite answers some lock conflicts at creation at once instead of through its busy timeout (switching a
+        # new file to WAL while another process opens it): retry those until the busy timeout has passed.
+        deadline = time.monotonic() + self.busy_timeout_s
+        while True:
+            try:
+                return path, self._open_sqlite(path, create)
+            except sqlite3.Error as exc:  # only lock errors get here
+                if time.monotonic() >= deadline:
+                    raise self._error(exc, path) from None
+                time.sleep(0.02)
+
+    def _open_sqlite(self, path: str, create: bool) -> sqlite3.Connection:
+        """Open (and create, if allowed and missing) the store file; lock errors are raised as they are."""
         # Look before writing anything: a read-only connection cannot change a file that is not ours.
         has_schema = os.path.exists(path) and os.path.getsize(path) > 0 and self._check_file_is_store(path)
         if not has_schema and not create:
@@ -300,6 +319,8 @@ class TemplateStore:
         try:
             conn = sqlite3.connect(path, timeout=self.busy_timeout_s, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as exc:
+            if _is_lock_error(exc):
+                raise
             raise self._error(exc, path) from None
         try:
             conn.execute("PRAGMA foreign_keys = ON")
@@ -307,11 +328,13 @@ class TemplateStore:
                 self._create_schema(conn, path)
         except sqlite3.Error as exc:
             conn.close()
+            if _is_lock_error(exc):
+                raise
             raise self._error(exc, path) from None
         except StoreError:
             conn.close()
             raise
-        return path, conn
+        return conn
 
     def _check_file_is_store(self, path: str) -> bool:
         """``_is_store`` through a read-only connection, which cannot change a file that is not ours."""
@@ -322,6 +345,8 @@ class TemplateStore:
             finally:
                 conn.close()
         except sqlite3.Error as exc:
+            if _is_lock_error(exc):
+                raise
             raise self._error(exc, path) from None
 
     def _connect_postgresql(self, url: str, create: bool) -> tuple[str, _PostgresConnection]:
@@ -388,7 +413,7 @@ class TemplateStore:
         path = path or self._path
         text = " ".join(str(exc).split())
         if isinstance(exc, sqlite3.Error):
-            locked, not_a_database = "locked" in text or "busy" in text, "not a database" in text or "malformed" in text
+            locked, not_a_database = _is_lock_error(exc), "not a database" in text or "malformed" in text
         else:  # psycopg: lock_not_available is what lock_timeout raises
             locked, not_a_database = getattr(exc, "sqlstate", None) == "55P03", False
         if locked:
