@@ -209,7 +209,7 @@ class LabelScorer:
 
         The sequences of a batch are laid end to end in one row, so the matrix products see no padding;
         ``_packed_attention`` lets each sequence attend to the prefix and to itself only."""
-        order = sorted(suffixes, key=lambda i: len(suffixes[i]))  # similar lengths together: little padding
+        order = sorted(suffixes, key=lambda i: len(suffixes[i]))  # similar lengths together: tight attention buckets
         results: dict[int, np.ndarray] = {}
         start = 0
         while start < len(order):
