@@ -126,3 +126,22 @@ def postgres(request):
     b.close()
 
 # ============================== end of store backends ==============================
+
+
+@pytest.fixture
+def write_small_risk_task(tmp_path):
+    """Writes the built-in risk task with small splits (so a run takes seconds) and returns its path."""
+    import yaml
+
+    from pipelines.config import BUILTIN_TASKS_DIR
+
+    def write(*, test: int, robustness_examples: int) -> str:
+        data = yaml.safe_load((BUILTIN_TASKS_DIR / "risk.yaml").read_text())
+        data["split"] = {"seed": 13, "balanced": True, "train": 20, "dev": 20, "test": test}
+        data["scoring"] = {**data.get("scoring", {}), "calibration_examples": 20,
+                           "robustness_examples": robustness_examples}
+        path = tmp_path / "risk-small.yaml"
+        path.write_text(yaml.safe_dump(data))
+        return str(path)
+
+    return write

@@ -7,10 +7,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from pipelines import cli
-from pipelines.config import BUILTIN_TASKS_DIR, load_task
+from pipelines.config import load_task
 from pipelines.data import load_splits
 from pipelines.scoring import CandidateScorer
 
@@ -57,13 +56,8 @@ def server():
 
 
 @pytest.fixture
-def small_task(tmp_path) -> str:
-    data = yaml.safe_load((BUILTIN_TASKS_DIR / "risk.yaml").read_text())
-    data["split"] = {"seed": 13, "balanced": True, "train": 20, "dev": 20, "test": 24}
-    data["scoring"] = {**data.get("scoring", {}), "calibration_examples": 20, "robustness_examples": 6}
-    path = tmp_path / "risk-small.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return str(path)
+def small_task(write_small_risk_task) -> str:
+    return write_small_risk_task(test=24, robustness_examples=6)
 
 
 @pytest.mark.e2e

@@ -8,10 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from pipelines import cli
-from pipelines.config import BUILTIN_TASKS_DIR, load_task
+from pipelines.config import load_task
 from pipelines.drift import Bar, compare, held_out
 from templates.store import TemplateStore
 
@@ -61,14 +60,9 @@ def server():
 
 
 @pytest.fixture
-def small_task(tmp_path) -> str:
+def small_task(write_small_risk_task) -> str:
     """The risk task with small splits, so a check takes seconds."""
-    data = yaml.safe_load((BUILTIN_TASKS_DIR / "risk.yaml").read_text())
-    data["split"] = {"seed": 13, "balanced": True, "train": 20, "dev": 20, "test": 40}
-    data["scoring"] = {**data.get("scoring", {}), "calibration_examples": 20, "robustness_examples": 10}
-    path = tmp_path / "risk-small.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return str(path)
+    return write_small_risk_task(test=40, robustness_examples=10)
 
 
 @pytest.fixture
