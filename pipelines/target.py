@@ -15,6 +15,11 @@ every position over the whole vocabulary. ``LabelScorer.score`` computes the sam
   attends to the shared prefix and to itself only (``_packed_attention_forward``, routed through
   transformers' ``AttentionInterface`` for the duration of the forward pass);
 * hidden states become logits only at each example's last position and only for the label tokens;
+* for Llama-architecture models the forward pass over the packed row is ``pipelines.packed_llama``
+  (equal hidden states, less work around the matrix products, the last layer for the last tokens only);
+* with more than one intra-op thread, the sequences are dealt to one thread per core, each running its own
+  packed batches with one intra-op thread: a core is used better that way than by splitting each small
+  operation (norms, attention per bucket) across cores;
 * results are cached by (template, example), so a template seen again costs nothing.
 
 Equivalence: the shared prefix is cut on a token boundary of the full prompt's own tokenization (checked
@@ -27,13 +32,15 @@ path projects onto the label rows in float32): scores differ by up to about 0.3 
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from pipelines.models import LoadedLM
+from pipelines.packed_llama import PackedLlama, unsupported_reason
 from pipelines.pair_cache import PairCache
 from templates.template import Template
 
@@ -46,8 +53,8 @@ class ScorerStats:
     pairs_cached: int = 0  # answered from the cache
     tokens_forward: int = 0  # tokens run through the model (prefixes once, suffixes per pair, padding included)
     prefix_fallbacks: int = 0  # examples whose tokenization did not share the template's prefix
+    prefix_tokens_reused: int = 0  # prefix tokens not run again: another template's prefix started the same way
     seconds: float = 0.0
-    forward_s: list[float] = field(default_factory=list)  # per-batch wall time, for latency figures
 
     def as_dict(self) -> dict:
         return {
@@ -55,6 +62,7 @@ class ScorerStats:
             "pairs_cached": self.pairs_cached,
             "tokens_forward": self.tokens_forward,
             "prefix_fallbacks": self.prefix_fallbacks,
+            "prefix_tokens_reused": self.prefix_tokens_reused,
             "seconds": round(self.seconds, 4),
         }
 
@@ -132,6 +140,7 @@ class LabelScorer:
         batch_size: int = 64,
         tokens_per_batch: int = 2048,
         cache_pairs: int = 200_000,
+        packed_llama: bool = True,
     ):
         self.lm = lm
         self.verbalizers = list(verbalizers)
@@ -153,6 +162,10 @@ class LabelScorer:
             self._head_index.append(list(range(start, start + len(ids))))
             start += len(ids)
         self._n_layers = model.config.num_hidden_layers
+        # The written-out forward pass where the architecture allows it (and unless asked not to).
+        self._packed = _packed_llama(model) if packed_llama and unsupported_reason(model) is None else None
+        self._threads: ThreadPoolExecutor | None = None
+        self._prefixes: dict[tuple[int, ...], list[torch.Tensor]] = {}  # recent prefixes' rows (packed path)
 
     # --- public API ------------------------------------------------------------------------
     def score(self, template: Template, texts: list[str]) -> np.ndarray:
@@ -171,7 +184,9 @@ class LabelScorer:
         return out
 
     def clear_cache(self) -> None:
+        """Forget scored pairs and computed prefixes."""
         self._cache.clear()
+        self._prefixes.clear()
 
     # --- internals -------------------------------------------------------------------------
 
@@ -179,23 +194,21 @@ class LabelScorer:
     def _score_uncached(self, template: Template, texts: list[str]) -> np.ndarray:
         tok = self.lm.tokenizer
         before, after = prompt_frame(tok, template, self.chat_template)
-        # Cut the shared prefix one token early: the last token of `before` may merge with the input's
-        # first characters in the full prompt's tokenization.
-        prefix_ids = tok(before, add_special_tokens=False).input_ids[:-1]
+        before_ids = tok(before, add_special_tokens=False).input_ids
         full = tok([before + t + after for t in texts], add_special_tokens=False).input_ids
+        # The shared prefix is all of `before`'s tokens if every prompt's tokenization starts with them;
+        # otherwise one token fewer (the last one may merge with the input's first characters).
+        prefix_ids = before_ids
+        if not all(ids[: len(before_ids)] == before_ids and len(ids) > len(before_ids) for ids in full):
+            prefix_ids = before_ids[:-1]
         n_prefix = len(prefix_ids)
         shared, fallback = [], []
         for i, ids in enumerate(full):
             (shared if n_prefix and ids[:n_prefix] == prefix_ids and len(ids) > n_prefix else fallback).append(i)
         out = np.zeros((len(texts), len(self.label_ids)), dtype=np.float32)
         if shared:
-            prefix = torch.tensor([prefix_ids])
-            kv = self._body(input_ids=prefix, use_cache=True).past_key_values
-            prefix_kv = [(layer.keys, layer.values) for layer in kv.layers]
-            self.stats.tokens_forward += n_prefix
             suffixes = {i: full[i][n_prefix:] for i in shared}
-            out_shared = self._run_batches(suffixes, prefix_kv, n_prefix)
-            for i, row in out_shared.items():
+            for i, row in self._run_batches(suffixes, self._prefix_state(prefix_ids), n_prefix).items():
                 out[i] = row
         if fallback:
             self.stats.prefix_fallbacks += len(fallback)
@@ -204,16 +217,64 @@ class LabelScorer:
         self.stats.pairs_scored += len(texts)
         return out
 
-    def _run_batches(self, suffixes: dict[int, list[int]], prefix_kv, n_prefix: int) -> dict[int, np.ndarray]:
-        """Score token sequences that follow a shared prefix (``prefix_kv``; None: no prefix), packed.
+    def _prefix_state(self, prefix_ids: list[int], keep: int = 8):
+        """The shared prefix run once, in the form the forward path reads: buffer rows for the packed Llama
+        path, transformers' per-layer (keys, values) otherwise.
 
-        The sequences of a batch are laid end to end in one row, so the matrix products see no padding;
-        ``_packed_attention`` lets each sequence attend to the prefix and to itself only."""
+        On the packed path the rows of the last ``keep`` prefixes are kept, and a new prefix starts from the
+        longest run of tokens it shares with one of them: candidate templates share the chat template's
+        header and system prompt, often the first words of the instruction too."""
+        if self._packed is not None:
+            key = tuple(prefix_ids)
+            best, known = 0, None
+            for seen, rows in self._prefixes.items():
+                shared = next((i for i, (a, b) in enumerate(zip(seen, key)) if a != b), min(len(seen), len(key)))
+                if shared > best:
+                    best, known = shared, [r[:shared] for r in rows]
+            rows = self._packed.prefix_rows(prefix_ids, known)
+            self.stats.prefix_tokens_reused += best
+            self.stats.tokens_forward += len(prefix_ids) - best
+            self._prefixes.pop(key, None)
+            self._prefixes[key] = rows
+            while len(self._prefixes) > keep:
+                self._prefixes.pop(next(iter(self._prefixes)))
+            return rows
+        kv = self._body(input_ids=torch.tensor([prefix_ids]), use_cache=True).past_key_values
+        self.stats.tokens_forward += len(prefix_ids)
+        return [(layer.keys, layer.values) for layer in kv.layers]
+
+    def _run_batches(self, suffixes: dict[int, list[int]], prefix, n_prefix: int) -> dict[int, np.ndarray]:
+        """Score token sequences that follow a shared prefix (``prefix`` from ``_prefix_state``; None: no
+        prefix), packed."""
         order = sorted(suffixes, key=lambda i: len(suffixes[i]))  # similar lengths together: tight attention buckets
+        shards = self._shard_count(len(order))
+        if shards == 1:
+            results, tokens = self._run_shard(order, suffixes, prefix, n_prefix)
+        else:
+            if self._threads is None or self._threads._max_workers < shards:
+                self._threads = ThreadPoolExecutor(shards, thread_name_prefix="label-scorer")
+            parts = [order[k::shards] for k in range(shards)]  # dealt in turn: every part has short and long ones
+            with _intra_op_threads(1):
+                done = list(self._threads.map(
+                    lambda part: self._run_shard(part, suffixes, prefix, n_prefix), parts))
+            results = {i: row for part, _ in done for i, row in part.items()}
+            tokens = sum(n for _, n in done)
+        self.stats.tokens_forward += tokens
+        return results
+
+    def _shard_count(self, sequences: int, per_shard: int = 8) -> int:
+        """One part per intra-op thread, each of ``per_shard`` sequences at least; 1 without the packed Llama
+        path (transformers' forward with ``_packed_attention`` is not thread-safe)."""
+        if self._packed is None:
+            return 1
+        return max(1, min(torch.get_num_threads(), sequences // per_shard))
+
+    @torch.inference_mode()  # thread-local: entered in each scoring thread
+    def _run_shard(self, order: list[int], suffixes: dict[int, list[int]], prefix, n_prefix: int):
+        """Run the sequences ``order`` (sorted by length) in packed batches; (label log-probs by index, tokens)."""
         results: dict[int, np.ndarray] = {}
-        start = 0
+        start = tokens = 0
         while start < len(order):
-            t0 = time.perf_counter()
             rows, total = [], 0
             for i in order[start:]:  # as many sequences as fit the token budget (at least one)
                 if rows and (len(rows) == self.batch_size or total + len(suffixes[i]) > self.tokens_per_batch):
@@ -221,21 +282,47 @@ class LabelScorer:
                 rows.append(i)
                 total += len(suffixes[i])
             start += len(rows)
-            packing = _Packing.build([suffixes[i] for i in rows], n_prefix, prefix_kv)
-            with _packed_attention(self.lm.model, packing):
-                hidden = self._body(input_ids=packing.ids, position_ids=packing.positions, use_cache=False).last_hidden_state
-            if packing.calls != self._n_layers:
-                raise RuntimeError(
-                    f"{type(self.lm.model).__name__} did not route attention through transformers' "
-                    f"AttentionInterface ({packing.calls} of {self._n_layers} layers); packed scoring needs it"
-                )
-            picked = hidden[0, packing.last]  # (rows, d): each sequence's last token
+            if self._packed is not None:
+                packing = _Packing.build([suffixes[i] for i in rows], n_prefix, None)
+                picked = self._packed.last_hidden(packing, prefix)  # (rows, d)
+            else:
+                picked = self._hf_last_hidden(_Packing.build([suffixes[i] for i in rows], n_prefix, prefix))
             scores = label_logprobs(picked.float() @ self._label_head.T, self._head_index)
             for r, i in enumerate(rows):
                 results[i] = scores[r]
-            self.stats.tokens_forward += total
-            self.stats.forward_s.append(time.perf_counter() - t0)
-        return results
+            tokens += total
+        return results, tokens
+
+    def _hf_last_hidden(self, packing: "_Packing") -> torch.Tensor:
+        """transformers' own forward pass over the packed row, attention through ``_packed_attention``."""
+        with _packed_attention(self.lm.model, packing):
+            hidden = self._body(input_ids=packing.ids, position_ids=packing.positions, use_cache=False).last_hidden_state
+        if packing.calls != self._n_layers:
+            raise RuntimeError(
+                f"{type(self.lm.model).__name__} did not route attention through transformers' "
+                f"AttentionInterface ({packing.calls} of {self._n_layers} layers); packed scoring needs it"
+            )
+        return hidden[0, packing.last]
+
+
+def _packed_llama(model) -> PackedLlama:
+    """One ``PackedLlama`` per model (its reordered weights are a copy), kept on the model itself."""
+    packed = getattr(model, "_tune_prompts_packed_llama", None)
+    if packed is None:
+        packed = PackedLlama(model)
+        model._tune_prompts_packed_llama = packed
+    return packed
+
+
+@contextmanager
+def _intra_op_threads(n: int):
+    """torch's intra-op thread count set to ``n`` for the block (it is per process), then restored."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
 
 
 _PACKED = "tune_prompts_packed"

@@ -145,22 +145,87 @@ def lm_bf16():
     return load_causal_lm()
 
 
+@pytest.fixture(scope="module")
+def lm_fp32(lm_bf16):
+    lm = copy.copy(lm_bf16)
+    lm.model = copy.deepcopy(lm_bf16.model).float()
+    return lm
+
+
 @pytest.mark.e2e
-def test_fast_scorer_equals_naive_in_float32(risk, lm_bf16):
+@pytest.mark.parametrize("packed_llama", [True, False], ids=["packed-llama", "transformers-forward"])
+def test_fast_scorer_equals_naive_in_float32(risk, lm_fp32, packed_llama):
     from pipelines.target import LabelScorer, score_naive
 
     task, splits = risk
-    lm = copy.copy(lm_bf16)
-    lm.model = copy.deepcopy(lm_bf16.model).float()
     texts = [e.text for e in splits.dev[:10]]
     templates = [task.seed_template(), Template("Message:{text}\nScam? Answer yes or no.", ("text",))]  # no space before input
+    scorer = LabelScorer(lm_fp32, ["yes", "no"], batch_size=4, packed_llama=packed_llama)
+    assert (scorer._packed is not None) == packed_llama  # SmolLM2 is a Llama: both paths are exercised
     for template in templates:
-        naive = score_naive(lm, template, texts, ["yes", "no"])
-        scorer = LabelScorer(lm, ["yes", "no"], batch_size=4)
+        naive = score_naive(lm_fp32, template, texts, ["yes", "no"])
         fast = scorer.score(template, texts)
         # Tolerance in float32: 2e-3 in label log-probs (measured: about 3e-5).
         assert np.abs(fast - naive).max() < 2e-3
         assert scorer.stats.prefix_fallbacks == 0
+    # The second template's prefix starts from the first one's rows (the chat header) on the packed path.
+    assert (scorer.stats.prefix_tokens_reused > 0) == packed_llama
+
+
+@pytest.mark.e2e
+def test_packed_llama_forward_equals_transformers_forward(risk, lm_bf16):
+    """The written-out Llama forward pass and transformers' own (with packed attention) on the same packed
+    batch: equal hidden states at every sequence's last token (bitwise on the machines we measured; the
+    assertion allows one bfloat16 step)."""
+    import torch
+
+    from pipelines.target import LabelScorer, _Packing, prompt_frame
+
+    task, splits = risk
+    tok = lm_bf16.tokenizer
+    before, after = prompt_frame(tok, task.seed_template(), True)
+    prefix = tok(before, add_special_tokens=False).input_ids[:-1]
+    suffixes = sorted((tok(before + e.text + after, add_special_tokens=False).input_ids[len(prefix):]
+                       for e in splits.dev[:12]), key=len)
+    scorer = LabelScorer(lm_bf16, ["yes", "no"])
+    hf_prefix = scorer._body(input_ids=torch.tensor([prefix]), use_cache=True).past_key_values
+    hf_prefix = [(layer.keys, layer.values) for layer in hf_prefix.layers]
+    with torch.inference_mode():
+        reference = scorer._hf_last_hidden(_Packing.build(suffixes, len(prefix), hf_prefix)).float()
+        packed = scorer._packed.last_hidden(_Packing.build(suffixes, len(prefix), None),
+                                            scorer._packed.prefix_rows(prefix)).float()
+    assert packed.shape == reference.shape == (12, lm_bf16.model.config.hidden_size)
+    step = 2.0 ** (torch.floor(torch.log2(reference.abs().clamp_min(1e-3))) - 7)  # one bfloat16 step
+    assert bool(((packed - reference).abs() <= step).all())
+
+
+@pytest.mark.e2e
+def test_scoring_threads_and_prefix_reuse_give_the_same_scores(risk, lm_bf16):
+    """One thread per core (the sequences dealt between them) and a prefix started from another template's
+    rows score like one thread and a prefix run from scratch (bfloat16: batch shapes change rounding)."""
+    import torch
+
+    from pipelines.target import LabelScorer
+
+    task, splits = risk
+    texts = [e.text for e in splits.dev[:32]]
+    other = task.make_template(task.compose("Decide whether this SMS is a scam."))
+    seed = task.seed_template()
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = LabelScorer(lm_bf16, ["yes", "no"]).score(seed, texts)
+        torch.set_num_threads(2)
+        scorer = LabelScorer(lm_bf16, ["yes", "no"])
+        assert scorer._shard_count(len(texts)) == 2
+        scorer.score(other, texts)
+        shared = scorer.score(seed, texts)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.get_num_threads() == threads  # restored after the scoring threads
+    assert scorer.stats.prefix_tokens_reused > 0
+    odds = lambda s: s[:, 0] - s[:, 1]  # noqa: E731
+    assert np.abs(odds(shared) - odds(alone)).max() < 0.2
 
 
 @pytest.mark.e2e
