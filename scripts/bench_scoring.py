@@ -4,10 +4,14 @@ Both score the same candidate templates on the same dev examples of the `risk` t
 model, alternating template by template so that a change in machine load hits both:
   * naive:   one unbatched forward pass per pair over the whole prompt, logits at every position
              (`pipelines.target.score_naive`);
-  * scorer:  `pipelines.target.LabelScorer` with an empty cache: the template's shared prompt prefix once,
-             the example suffixes packed without padding, the label rows of the output layer at the last
-             position only;
+  * scorer:  `pipelines.target.LabelScorer` with an empty pair cache: the template's shared prompt prefix
+             once (started from an earlier template's rows where the tokens agree: the chat header), the
+             example suffixes packed without padding through `pipelines.packed_llama`, the last layer and
+             the label rows of the output layer at each example's last position only, the examples dealt
+             to one thread per core;
   * cached:  the same scorer asked again for the same pairs (a template seen again during tuning).
+Both use the same number of cores (--threads): the naive way through torch's intra-op threads, the scorer
+through its own threads of one intra-op thread each.
 It prints pairs/s and the ratios, and the model FLOP/s each achieves against the bf16 matrix-multiply
 FLOP/s measured on this machine in the same run.
 
@@ -80,9 +84,15 @@ def main() -> int:
     embed = lm.model.get_input_embeddings().weight.numel()
     body = sum(p.numel() for p in lm.model.parameters()) - embed  # tied output layer counted once, in embed
 
-    def flops(tokens: int, context: float, head_rows: int, head_positions: int) -> float:
-        # 2 FLOPs per weight per token, attention scores and mixing (4*d*context per layer), the output layer
-        return 2 * body * tokens + 4 * layers * d * context * tokens + 2 * d * head_rows * head_positions
+    def flops(tokens: int, context: float, head_rows: int, head_positions: int, last_layer_tokens: int | None = None) -> float:
+        # 2 FLOPs per weight per token, attention scores and mixing (4*d*context per layer), the output layer;
+        # last_layer_tokens: the last layer runs only its key/value projections for the other tokens
+        total = 2 * body * tokens + 4 * layers * d * context * tokens + 2 * d * head_rows * head_positions
+        if last_layer_tokens is not None:
+            per_layer = 2 * body / layers
+            kv_share = 2 * config.num_key_value_heads * (d // config.num_attention_heads) * d * 2
+            total -= (tokens - last_layer_tokens) * (per_layer - kv_share + 4 * d * context)
+        return total
 
     scorer = LabelScorer(lm, verbalizers, batch_size=args.batch_size)
     naive_s = fast_s = cached_s = 0.0
@@ -102,7 +112,7 @@ def main() -> int:
         fast = scorer.score(template, texts)
         fast_s += time.perf_counter() - started
         tokens = scorer.stats.tokens_forward - tokens_before
-        fast_flops += flops(tokens, float(np.mean(lengths)) / 2, 12, len(texts))
+        fast_flops += flops(tokens, float(np.mean(lengths)) / 2, 12, len(texts), last_layer_tokens=len(texts))
         started = time.perf_counter()
         again = scorer.score(template, texts)
         cached_s += time.perf_counter() - started
@@ -125,6 +135,8 @@ def main() -> int:
     print(f"\nwork per pair: naive {naive_flops / pairs / 1e9:.1f} GFLOP, scorer {fast_flops / pairs / 1e9:.1f} GFLOP "
           f"(ratio {naive_flops / fast_flops:.2f})")
     print(f"bf16 matmul 2048x2048 on this machine: {peak / 1e9:.0f} GFLOP/s (the hardware figure to compare with)")
+    print(f"tokens run by the scorer: {scorer.stats.tokens_forward} ({scorer.stats.prefix_tokens_reused} prefix tokens "
+          f"taken from earlier templates' rows instead)")
     print(f"largest |log-odds difference| scorer vs naive: {max_diff:.3f} (bf16; see tests/test_scoring.py)")
     print(f"target: scorer/naive >= 5 (aim 10); measured {naive_s / fast_s:.2f}")
     return 0
