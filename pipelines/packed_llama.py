@@ -29,6 +29,8 @@ import torch.nn.functional as F
 def unsupported_reason(model) -> str | None:
     """None if ``PackedLlama`` can run ``model``; otherwise why not."""
     config = model.config
+    if next(model.parameters()).device.type != "cpu":
+        return "written for CPU; on an accelerator transformers' own kernels serve"
     if getattr(config, "model_type", None) != "llama":
         return f"model type {getattr(config, 'model_type', None)!r} is not llama"
     if getattr(config, "hidden_act", None) != "silu":
@@ -39,11 +41,17 @@ def unsupported_reason(model) -> str | None:
     needed = ("embed_tokens", "rotary_emb", "norm", "layers")
     if body is None or not all(hasattr(body, name) for name in needed):
         return "decoder without embed_tokens/rotary_emb/norm/layers"
+    for layer in body.layers:  # adapters (LoRA) or quantized layers would be skipped by reading .weight
+        projections = (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj,
+                       layer.self_attn.o_proj, layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)
+        if any(type(p) is not torch.nn.Linear for p in projections):
+            return "projections that are not plain torch.nn.Linear (adapters or quantized layers)"
     return None
 
 
 class PackedLlama:
-    """A packed-row forward pass for one Llama model; holds fused q/k/v weights (a copy: 1/5 of the layers')."""
+    """A packed-row forward pass for one frozen Llama model (the target or the judge: its weights are read
+    once). Holds copies of the layers' weights: q/k/v fused, the others in oneDNN's blocked layout."""
 
     def __init__(self, model):
         reason = unsupported_reason(model)

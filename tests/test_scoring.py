@@ -129,6 +129,50 @@ def test_packing_layout_round_trips_every_token():
     assert mask.shape == (5, 5 + 5) and mask[:, :5].all() and torch.equal(mask[:, 5:], torch.ones(5, 5).tril().bool())
 
 
+def _tiny_llama(**overrides):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=48, intermediate_size=96, num_hidden_layers=3,
+                         num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=256, **overrides)
+    return LlamaForCausalLM(config).eval()
+
+
+def test_packed_llama_matches_transformers_on_a_tiny_random_llama():
+    """Another head layout than SmolLM2's (6 query heads over 2 key/value heads of 8 dims), float32: the
+    written-out forward pass, prefix rows included and a prefix extended from known rows, equals
+    transformers' own forward pass on the full sequences."""
+    import torch
+
+    from pipelines.packed_llama import PackedLlama
+    from pipelines.target import _Packing
+
+    model = _tiny_llama()
+    packed = PackedLlama(model)
+    prefix = [5, 9, 2, 7, 11]
+    suffixes = [[3, 4], [8, 1, 6], [12, 13, 14, 15, 16, 17, 18]]  # sorted; the long one opens a bucket
+    with torch.inference_mode():
+        rows = packed.prefix_rows(prefix, packed.prefix_rows(prefix[:3]))  # extended from the first 3 tokens
+        assert torch.allclose(torch.stack(rows), torch.stack(packed.prefix_rows(prefix)), atol=1e-5)
+        hidden = packed.last_hidden(_Packing.build(suffixes, len(prefix), None), rows)
+        for got, suffix in zip(hidden, suffixes):
+            expected = model.model(input_ids=torch.tensor([prefix + suffix])).last_hidden_state[0, -1]
+            assert torch.allclose(got, expected, atol=1e-4), (got - expected).abs().max()
+
+
+def test_packed_llama_declines_what_it_does_not_cover():
+    import torch
+
+    from pipelines.packed_llama import unsupported_reason
+
+    assert unsupported_reason(_tiny_llama()) is None
+    assert "bias" in unsupported_reason(_tiny_llama(mlp_bias=True))
+    adapted = _tiny_llama()
+    adapted.model.layers[1].mlp.up_proj = torch.nn.Sequential(adapted.model.layers[1].mlp.up_proj)  # like an adapter
+    assert "plain torch.nn.Linear" in unsupported_reason(adapted)
+
+
 # ---- with the real model ------------------------------------------------------------------------
 
 
