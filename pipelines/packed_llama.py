@@ -25,6 +25,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from pipelines.packing import Packing
+
 
 def unsupported_reason(model) -> str | None:
     """None if ``PackedLlama`` can run ``model``; otherwise why not."""
@@ -78,20 +80,18 @@ class PackedLlama:
         (P, 2 * kv_heads * head_dim), rotary embeddings applied. ``known``: the rows of ``ids``' first
         tokens, already computed (for another template that starts the same way); only the rest is run.
         The last layer stops at its keys and values."""
-        from pipelines.target import _Packing
-
         done = 0 if known is None else len(known[0])
         if done >= len(ids):
             return [rows[: len(ids)] for rows in known]
-        new = self._run(_Packing.build([list(ids[done:])], done, None), known, keep_kv=True)
+        new = self._run(Packing.build([list(ids[done:])], done), known, keep_kv=True)
         return new if known is None else [torch.cat([old, rows]) for old, rows in zip(known, new)]
 
-    def last_hidden(self, packing, prefix_rows: list[torch.Tensor] | None) -> torch.Tensor:
+    def last_hidden(self, packing: Packing, prefix_rows: list[torch.Tensor] | None) -> torch.Tensor:
         """The final-normed hidden state at each sequence's last token, (sequences, hidden)."""
         return self._run(packing, prefix_rows, keep_kv=False)
 
     @torch.inference_mode()
-    def _run(self, packing, prefix_rows, keep_kv: bool):
+    def _run(self, packing: Packing, prefix_rows, keep_kv: bool):
         H, KV, D = self.heads, self.kv_heads, self.head_dim
         G = H // KV
         ids = packing.ids[0]
@@ -115,12 +115,10 @@ class PackedLlama:
             plan.append((rows, kv_rows, bias.repeat_interleave(G, 0), lengths))
         last = packing.last
         kept: list[torch.Tensor] = []
-        buffer = None
+        buffer = h.new_zeros(P + N + 1, (H + 2 * KV) * D)
         for index, w in enumerate(self.layers):
             final = index == len(self.layers) - 1
             x = _rms_norm(h, *w["norm1"])
-            if buffer is None:
-                buffer = x.new_zeros(P + N + 1, (H + 2 * KV) * D)
             if P:
                 buffer[:P, H * D:] = prefix_rows[index]
             torch.matmul(x, w["qkv"].T, out=buffer[P:P + N])

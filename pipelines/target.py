@@ -41,6 +41,7 @@ import torch
 
 from pipelines.models import LoadedLM
 from pipelines.packed_llama import PackedLlama, unsupported_reason
+from pipelines.packing import Packing
 from pipelines.pair_cache import PairCache
 from templates.template import Template
 
@@ -164,7 +165,6 @@ class LabelScorer:
         self._n_layers = model.config.num_hidden_layers
         # The written-out forward pass where the architecture allows it (and unless asked not to).
         self._packed = _packed_llama(model) if packed_llama and unsupported_reason(model) is None else None
-        self._threads: ThreadPoolExecutor | None = None
         self._prefixes: dict[tuple[int, ...], list[torch.Tensor]] = {}  # recent prefixes' rows (packed path)
 
     # --- public API ------------------------------------------------------------------------
@@ -251,12 +251,9 @@ class LabelScorer:
         if shards == 1:
             results, tokens = self._run_shard(order, suffixes, prefix, n_prefix)
         else:
-            if self._threads is None or self._threads._max_workers < shards:
-                self._threads = ThreadPoolExecutor(shards, thread_name_prefix="label-scorer")
             parts = [order[k::shards] for k in range(shards)]  # dealt in turn: every part has short and long ones
-            with _intra_op_threads(1):
-                done = list(self._threads.map(
-                    lambda part: self._run_shard(part, suffixes, prefix, n_prefix), parts))
+            with _intra_op_threads(1), ThreadPoolExecutor(shards, thread_name_prefix="label-scorer") as pool:
+                done = list(pool.map(lambda part: self._run_shard(part, suffixes, prefix, n_prefix), parts))
             results = {i: row for part, _ in done for i, row in part.items()}
             tokens = sum(n for _, n in done)
         self.stats.tokens_forward += tokens
@@ -282,25 +279,26 @@ class LabelScorer:
                 rows.append(i)
                 total += len(suffixes[i])
             start += len(rows)
+            packing = Packing.build([suffixes[i] for i in rows], n_prefix)
             if self._packed is not None:
-                packing = _Packing.build([suffixes[i] for i in rows], n_prefix, None)
                 picked = self._packed.last_hidden(packing, prefix)  # (rows, d)
             else:
-                picked = self._hf_last_hidden(_Packing.build([suffixes[i] for i in rows], n_prefix, prefix))
+                picked = self._hf_last_hidden(packing, prefix)
             scores = label_logprobs(picked.float() @ self._label_head.T, self._head_index)
             for r, i in enumerate(rows):
                 results[i] = scores[r]
             tokens += total
         return results, tokens
 
-    def _hf_last_hidden(self, packing: "_Packing") -> torch.Tensor:
+    def _hf_last_hidden(self, packing: Packing, prefix_kv) -> torch.Tensor:
         """transformers' own forward pass over the packed row, attention through ``_packed_attention``."""
-        with _packed_attention(self.lm.model, packing):
+        hf_pass = _HFPass(packing, prefix_kv)
+        with _packed_attention(self.lm.model, hf_pass):
             hidden = self._body(input_ids=packing.ids, position_ids=packing.positions, use_cache=False).last_hidden_state
-        if packing.calls != self._n_layers:
+        if hf_pass.calls != self._n_layers:
             raise RuntimeError(
                 f"{type(self.lm.model).__name__} did not route attention through transformers' "
-                f"AttentionInterface ({packing.calls} of {self._n_layers} layers); packed scoring needs it"
+                f"AttentionInterface ({hf_pass.calls} of {self._n_layers} layers); packed scoring needs it"
             )
         return hidden[0, packing.last]
 
@@ -329,66 +327,30 @@ _PACKED = "tune_prompts_packed"
 
 
 @dataclass
-class _Packing:
-    """Sequences laid end to end in one row of ``ids`` (what the matrix products see: no padding), and,
-    for attention, the same tokens regrouped per sequence into buckets of similar length (little padding)."""
+class _HFPass:
+    """One forward pass of transformers' model over a packed row: the layout, the prefix's per-layer
+    (keys, values) of shape (1, kv_heads, P, head_dim), and how many attention layers came through."""
 
-    ids: torch.Tensor  # (1, N) all tokens
-    positions: torch.Tensor  # (1, N) each token's position in its own prompt (after the prefix)
-    last: torch.Tensor  # (S,) index in the row of each sequence's last token
-    buckets: list[tuple[torch.Tensor, torch.Tensor]]  # per bucket: (S_b, L_b) row index of each
-    #   (sequence, position), N (a zero row) for padding; and the (L_b, P + L_b) mask: all of the prefix,
-    #   then causal within the sequence
-    scatter: torch.Tensor  # (N,) index of each row token in the buckets' outputs, flattened and concatenated
-    prefix_kv: list | None  # per layer (keys, values) of the shared prefix, (1, kv_heads, P, head_dim)
-    calls: int = 0  # attention layers that went through _packed_attention_forward
-
-    @classmethod
-    def build(cls, seqs: list[list[int]], n_prefix: int, prefix_kv, slack: float = 1.25) -> "_Packing":
-        """``seqs`` sorted by length; a bucket closes when a sequence is ``slack`` times its first one."""
-        lengths = [len(s) for s in seqs]
-        starts = np.cumsum([0] + lengths[:-1])
-        n = int(sum(lengths))
-        scatter = np.zeros(n, dtype=np.int64)
-        buckets, first, flat_offset = [], 0, 0
-        for j in range(1, len(seqs) + 1):
-            if j < len(seqs) and lengths[j] <= slack * lengths[first]:
-                continue
-            width = max(lengths[first:j])
-            gather = np.full((j - first, width), n, dtype=np.int64)
-            for r, k in enumerate(range(first, j)):
-                gather[r, : lengths[k]] = starts[k] + np.arange(lengths[k])
-                scatter[starts[k] : starts[k] + lengths[k]] = flat_offset + r * width + np.arange(lengths[k])
-            causal = torch.ones(width, width, dtype=torch.bool).tril()
-            mask = torch.cat([torch.ones(width, n_prefix, dtype=torch.bool), causal], dim=1)
-            buckets.append((torch.from_numpy(gather), mask))
-            flat_offset += (j - first) * width
-            first = j
-        within = np.concatenate([np.arange(length) for length in lengths])
-        return cls(
-            ids=torch.tensor([[t for s in seqs for t in s]]),
-            positions=torch.from_numpy(n_prefix + within).unsqueeze(0),
-            last=torch.from_numpy(starts + np.array(lengths) - 1),
-            buckets=buckets,
-            scatter=torch.from_numpy(scatter),
-            prefix_kv=prefix_kv,
-        )
+    packing: Packing
+    prefix_kv: list | None
+    calls: int = 0
 
 
-_ACTIVE: list[_Packing] = []  # the packing of the forward pass in progress (a stack of at most one)
+_ACTIVE: list[_HFPass] = []  # the forward pass in progress (a stack of at most one)
 
 
 def _packed_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """Attention for a packed row: query/key/value (1, heads, N, head_dim) are regrouped per sequence,
     each sequence attends to the shared prefix and causally to itself, and the result goes back to the row."""
-    packing = _ACTIVE[-1]
-    packing.calls += 1
+    current = _ACTIVE[-1]
+    current.calls += 1
+    packing = current.packing
     flat = [torch.cat([x[0].transpose(0, 1), x.new_zeros(1, x.shape[1], x.shape[3])]) for x in (query, key, value)]
     outs = []
     for gather, mask in packing.buckets:
         q, k, v = (x[gather].transpose(1, 2) for x in flat)  # (S_b, heads, L_b, d)
-        if packing.prefix_kv is not None:
-            prefix_k, prefix_v = packing.prefix_kv[module.layer_idx]
+        if current.prefix_kv is not None:
+            prefix_k, prefix_v = current.prefix_kv[module.layer_idx]
             k = torch.cat([prefix_k.expand(len(k), -1, -1, -1), k], dim=2)
             v = torch.cat([prefix_v.expand(len(v), -1, -1, -1), v], dim=2)
         out = torch.nn.functional.scaled_dot_product_attention(
@@ -399,7 +361,7 @@ def _packed_attention_forward(module, query, key, value, attention_mask, scaling
 
 
 @contextmanager
-def _packed_attention(model, packing: _Packing):
+def _packed_attention(model, hf_pass: _HFPass):
     """Route the model's attention through ``_packed_attention_forward`` for one forward pass."""
     from transformers import AttentionInterface
 
@@ -407,7 +369,7 @@ def _packed_attention(model, packing: _Packing):
         AttentionInterface.register(_PACKED, _packed_attention_forward)
     saved = model.config._attn_implementation
     model.config._attn_implementation = _PACKED
-    _ACTIVE.append(packing)
+    _ACTIVE.append(hf_pass)
     try:
         yield
     finally:

@@ -112,10 +112,10 @@ def test_judge_rejects_rubrics_with_braces():
 def test_packing_layout_round_trips_every_token():
     import torch
 
-    from pipelines.target import _Packing
+    from pipelines.packing import Packing
 
     seqs = [[1, 2], [3, 4, 5, 6], [7, 8, 9, 10, 11], [12] * 9]  # sorted; a length over 1.25x a bucket's first opens one
-    packing = _Packing.build(seqs, n_prefix=5, prefix_kv=None)
+    packing = Packing.build(seqs, n_prefix=5)
     assert packing.ids.tolist() == [[t for s in seqs for t in s]]
     assert packing.positions.tolist() == [[5, 6, 5, 6, 7, 8, 5, 6, 7, 8, 9] + list(range(5, 14))]
     assert packing.last.tolist() == [1, 5, 10, 19]
@@ -146,7 +146,7 @@ def test_packed_llama_matches_transformers_on_a_tiny_random_llama():
     import torch
 
     from pipelines.packed_llama import PackedLlama
-    from pipelines.target import _Packing
+    from pipelines.packing import Packing
 
     model = _tiny_llama()
     packed = PackedLlama(model)
@@ -155,7 +155,7 @@ def test_packed_llama_matches_transformers_on_a_tiny_random_llama():
     with torch.inference_mode():
         rows = packed.prefix_rows(prefix, packed.prefix_rows(prefix[:3]))  # extended from the first 3 tokens
         assert torch.allclose(torch.stack(rows), torch.stack(packed.prefix_rows(prefix)), atol=1e-5)
-        hidden = packed.last_hidden(_Packing.build(suffixes, len(prefix), None), rows)
+        hidden = packed.last_hidden(Packing.build(suffixes, len(prefix)), rows)
         for got, suffix in zip(hidden, suffixes):
             expected = model.model(input_ids=torch.tensor([prefix + suffix])).last_hidden_state[0, -1]
             assert torch.allclose(got, expected, atol=1e-4), (got - expected).abs().max()
@@ -223,7 +223,8 @@ def test_packed_llama_forward_equals_transformers_forward(risk, lm_bf16):
     assertion allows one bfloat16 step)."""
     import torch
 
-    from pipelines.target import LabelScorer, _Packing, prompt_frame
+    from pipelines.packing import Packing
+    from pipelines.target import LabelScorer, prompt_frame
 
     task, splits = risk
     tok = lm_bf16.tokenizer
@@ -235,9 +236,9 @@ def test_packed_llama_forward_equals_transformers_forward(risk, lm_bf16):
     hf_prefix = scorer._body(input_ids=torch.tensor([prefix]), use_cache=True).past_key_values
     hf_prefix = [(layer.keys, layer.values) for layer in hf_prefix.layers]
     with torch.inference_mode():
-        reference = scorer._hf_last_hidden(_Packing.build(suffixes, len(prefix), hf_prefix)).float()
-        packed = scorer._packed.last_hidden(_Packing.build(suffixes, len(prefix), None),
-                                            scorer._packed.prefix_rows(prefix)).float()
+        packing = Packing.build(suffixes, len(prefix))
+        reference = scorer._hf_last_hidden(packing, hf_prefix).float()
+        packed = scorer._packed.last_hidden(packing, scorer._packed.prefix_rows(prefix)).float()
     assert packed.shape == reference.shape == (12, lm_bf16.model.config.hidden_size)
     step = 2.0 ** (torch.floor(torch.log2(reference.abs().clamp_min(1e-3))) - 7)  # one bfloat16 step
     assert bool(((packed - reference).abs() <= step).all())

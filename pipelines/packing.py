@@ -1,0 +1,57 @@
+"""The layout of a packed batch: the example suffixes of one template laid end to end in one row.
+
+Both forward paths of ``pipelines.target.LabelScorer`` read it: transformers' own forward pass with the packed
+attention function, and the written-out Llama pass of ``pipelines.packed_llama``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass
+class Packing:
+    """Sequences laid end to end in one row of ``ids`` (what the matrix products see: no padding), and,
+    for attention, the same tokens regrouped per sequence into buckets of similar length (little padding)."""
+
+    ids: torch.Tensor  # (1, N) all tokens
+    positions: torch.Tensor  # (1, N) each token's position in its own prompt (after the prefix)
+    last: torch.Tensor  # (S,) index in the row of each sequence's last token
+    buckets: list[tuple[torch.Tensor, torch.Tensor]]  # per bucket: (S_b, L_b) row index of each
+    #   (sequence, position), N (a zero row) for padding; and the (L_b, P + L_b) mask: all of the prefix,
+    #   then causal within the sequence
+    scatter: torch.Tensor  # (N,) index of each row token in the buckets' outputs, flattened and concatenated
+
+    @classmethod
+    def build(cls, seqs: list[list[int]], n_prefix: int, slack: float = 1.25) -> "Packing":
+        """``seqs`` sorted by length, following a shared prefix of ``n_prefix`` tokens; a bucket closes when a
+        sequence is ``slack`` times its first one."""
+        lengths = [len(s) for s in seqs]
+        starts = np.cumsum([0] + lengths[:-1])
+        n = int(sum(lengths))
+        scatter = np.zeros(n, dtype=np.int64)
+        buckets, first, flat_offset = [], 0, 0
+        for j in range(1, len(seqs) + 1):
+            if j < len(seqs) and lengths[j] <= slack * lengths[first]:
+                continue
+            width = max(lengths[first:j])
+            gather = np.full((j - first, width), n, dtype=np.int64)
+            for r, k in enumerate(range(first, j)):
+                gather[r, : lengths[k]] = starts[k] + np.arange(lengths[k])
+                scatter[starts[k] : starts[k] + lengths[k]] = flat_offset + r * width + np.arange(lengths[k])
+            causal = torch.ones(width, width, dtype=torch.bool).tril()
+            mask = torch.cat([torch.ones(width, n_prefix, dtype=torch.bool), causal], dim=1)
+            buckets.append((torch.from_numpy(gather), mask))
+            flat_offset += (j - first) * width
+            first = j
+        within = np.concatenate([np.arange(length) for length in lengths])
+        return cls(
+            ids=torch.tensor([[t for s in seqs for t in s]]),
+            positions=torch.from_numpy(n_prefix + within).unsqueeze(0),
+            last=torch.from_numpy(starts + np.array(lengths) - 1),
+            buckets=buckets,
+            scatter=torch.from_numpy(scatter),
+        )
