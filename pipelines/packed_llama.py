@@ -28,6 +28,11 @@ import torch.nn.functional as F
 from pipelines.packing import Packing
 
 
+def decoder_of(model):
+    """The decoder stack of a causal LM (``model.model`` for Llama), or None."""
+    return model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
+
+
 def unsupported_reason(model) -> str | None:
     """None if ``PackedLlama`` can run ``model``; otherwise why not."""
     config = model.config
@@ -39,7 +44,7 @@ def unsupported_reason(model) -> str | None:
         return f"activation {config.hidden_act!r} is not silu"
     if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
         return "projections with bias"
-    body = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
+    body = decoder_of(model)
     needed = ("embed_tokens", "rotary_emb", "norm", "layers")
     if body is None or not all(hasattr(body, name) for name in needed):
         return "decoder without embed_tokens/rotary_emb/norm/layers"
@@ -60,7 +65,7 @@ class PackedLlama:
         if reason:
             raise ValueError(f"PackedLlama cannot run this model: {reason}")
         config = model.config
-        self.body = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+        self.body = decoder_of(model)
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from pipelines.models import LoadedLM
-from pipelines.packed_llama import PackedLlama, unsupported_reason
+from pipelines.packed_llama import PackedLlama, decoder_of, unsupported_reason
 from pipelines.packing import Packing
 from pipelines.pair_cache import PairCache
 from templates.template import Template
@@ -52,7 +52,7 @@ _SENTINEL = "\u2063TUNE_PROMPTS_INPUT\u2063"
 class ScorerStats:
     pairs_scored: int = 0  # computed by a forward pass
     pairs_cached: int = 0  # answered from the cache
-    tokens_forward: int = 0  # tokens run through the model (prefixes once, suffixes per pair, padding included)
+    tokens_forward: int = 0  # tokens run through the model: prefix tokens not taken from earlier rows, suffixes per pair
     prefix_fallbacks: int = 0  # examples whose tokenization did not share the template's prefix
     prefix_tokens_reused: int = 0  # prefix tokens not run again: another template's prefix started the same way
     seconds: float = 0.0
@@ -152,7 +152,7 @@ class LabelScorer:
         self._cache = PairCache(cache_pairs)
         self.stats = ScorerStats()
         model = lm.model
-        self._body = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+        self._body = decoder_of(model)
         # Only the label rows of the output layer are ever needed; kept in float32 so that the log-odds are
         # not rounded to bfloat16's steps (0.125 at typical logit sizes), which would tie many examples.
         flat = [t for ids in self.label_ids for t in ids]
