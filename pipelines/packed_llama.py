@@ -88,38 +88,47 @@ class PackedLlama:
         done = 0 if known is None else len(known[0])
         if done >= len(ids):
             return [rows[: len(ids)] for rows in known]
-        new = self._run(Packing.build([list(ids[done:])], done), known, keep_kv=True)
+        _, new = self.forward(Packing.build([], done, head=list(ids[done:])), known)
         return new if known is None else [torch.cat([old, rows]) for old, rows in zip(known, new)]
 
     def last_hidden(self, packing: Packing, prefix_rows: list[torch.Tensor] | None) -> torch.Tensor:
         """The final-normed hidden state at each sequence's last token, (sequences, hidden)."""
-        return self._run(packing, prefix_rows, keep_kv=False)
+        return self.forward(packing, prefix_rows)[0]
 
     @torch.inference_mode()
-    def _run(self, packing: Packing, prefix_rows, keep_kv: bool):
+    def forward(self, packing: Packing, prefix_rows: list[torch.Tensor] | None):
+        """One pass over the packed row after the known ``prefix_rows``: the final-normed hidden state at
+        each sequence's last token (sequences, hidden), None if the row is only a head; and per layer the
+        head's buffer rows (``Packing.build``'s ``head``: the rest of the prefix, run in the same matrix
+        products as the sequences instead of a pass of its own; empty without a head)."""
         H, KV, D = self.heads, self.kv_heads, self.head_dim
         G = H // KV
         ids = packing.ids[0]
         N = len(ids)
         P = 0 if prefix_rows is None else len(prefix_rows[0])
+        n_head = packing.n_head
         h = self.body.embed_tokens(ids)
         cos, sin = self.body.rotary_emb(h, packing.positions)
         cos, sin = cos[0].unsqueeze(1), sin[0].unsqueeze(1)  # (N, 1, D)
         half = D // 2
         sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)  # the sign of rotate_half, moved onto sin
-        # Index tensors for the gathers, once per forward pass. Buffer rows: [prefix | tokens | zero row];
-        # buffer columns: [q heads | k heads | v heads]. Queries are read a key/value group at a time, the
-        # group's heads side by side, so a bucket's queries are (S, KV, L * G, D): row l * G + g. Rows are
-        # gathered with index_select (several times faster than advanced indexing here).
+        # Index tensors for the gathers, once per forward pass. Buffer rows: [known prefix | row tokens (the
+        # head's first) | zero row]; buffer columns: [q heads | k heads | v heads]. A bucket attends to the
+        # first `visible` buffer rows (the known prefix, and the head unless it is the head) and to itself.
+        # Queries are read a key/value group at a time, the group's heads side by side, so a bucket's queries
+        # are (S, KV, L * G, D): row l * G + g. Rows are gathered with index_select (several times faster
+        # than advanced indexing here).
         plan = []
         for gather, mask in packing.buckets:
+            S, L = gather.shape
+            visible = mask.shape[1] - L
             rows = gather + P  # padding (N) -> P + N, the zero row
-            kv_rows = torch.cat([torch.arange(P).expand(len(rows), P), rows], 1)  # (S, P + L)
+            kv_rows = torch.cat([torch.arange(visible).expand(S, visible), rows], 1)  # (S, visible + L)
             lengths = (gather != N).sum(1)
             bias = torch.zeros(mask.shape, dtype=h.dtype).masked_fill_(~mask, float("-inf"))  # SDPA's own conversion, once
             plan.append((rows, kv_rows, bias.repeat_interleave(G, 0), lengths))
         last = packing.last
-        kept: list[torch.Tensor] = []
+        head_rows: list[torch.Tensor] = []
         buffer = h.new_zeros(P + N + 1, (H + 2 * KV) * D)
         for index, w in enumerate(self.layers):
             final = index == len(self.layers) - 1
@@ -128,25 +137,26 @@ class PackedLlama:
                 buffer[:P, H * D:] = prefix_rows[index]
             torch.matmul(x, w["qkv"].T, out=buffer[P:P + N])
             _rotary_(buffer[P:P + N, : (H + KV) * D].view(N, H + KV, D), cos, sin)
-            if keep_kv:
-                kept.append(buffer[P:P + N, H * D:].clone())
-                if final:
-                    return kept
+            if n_head:
+                head_rows.append(buffer[P:P + n_head, H * D:].clone())
+            if final and not len(last):
+                return None, head_rows
             q_part = buffer[:, : H * D]
             kv_part = buffer[:, H * D:]
             # The last layer: attention (and then the MLP) for each sequence's last token only.
             attn = x.new_empty(len(last), KV, G, D) if final else x.new_empty(N + 1, H * D)  # row N: padding
             done = 0
-            for rows, kv_rows, mask, lengths in plan:
-                S, L = rows.shape
-                kv = kv_part.index_select(0, kv_rows.flatten()).view(S, P + L, 2, KV, D).permute(0, 2, 3, 1, 4)  # (S, 2, KV, P + L, D)
+            for rows, kv_rows, mask, lengths in plan[1:] if final and n_head else plan:
+                S, width = kv_rows.shape
+                kv = kv_part.index_select(0, kv_rows.flatten()).view(S, width, 2, KV, D).permute(0, 2, 3, 1, 4)  # (S, 2, KV, width, D)
                 if final:
                     q = q_part.index_select(0, rows[torch.arange(S), lengths - 1]).view(S, KV, G, D)
-                    valid = torch.cat([torch.ones(S, P, dtype=torch.bool), rows != P + N], 1).view(S, 1, 1, P + L)
+                    valid = (kv_rows != P + N).view(S, 1, 1, width)
                     out = F.scaled_dot_product_attention(q, kv[:, 0], kv[:, 1], attn_mask=valid, scale=w["scaling"])
                     attn[done:done + S] = out
                     done += S
                 else:
+                    L = rows.shape[1]
                     q = q_part.index_select(0, rows.flatten()).view(S, L, KV, G * D).transpose(1, 2).reshape(S, KV, L * G, D)
                     out = F.scaled_dot_product_attention(q, kv[:, 0], kv[:, 1], attn_mask=mask, scale=w["scaling"])
                     attn.index_copy_(0, (rows - P).flatten(), out.view(S, KV, L, G * D).transpose(1, 2).reshape(S * L, H * D))
@@ -159,7 +169,7 @@ class PackedLlama:
             gate = w["gate"](x)
             F.silu(gate, inplace=True)
             h = h + w["down"](gate.mul_(w["up"](x)))
-        return self.body.norm(h)
+        return self.body.norm(h), head_rows
 
 
 class _Linear:

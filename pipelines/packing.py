@@ -24,16 +24,34 @@ class Packing:
     #   (sequence, position), N (a zero row) for padding; and the (L_b, P + L_b) mask: all of the prefix,
     #   then causal within the sequence
     scatter: torch.Tensor  # (N,) index of each row token in the buckets' outputs, flattened and concatenated
+    n_head: int = 0  # the row's first tokens: the rest of the shared prefix, run in this pass (see ``build``)
 
     @classmethod
-    def build(cls, seqs: list[list[int]], n_prefix: int, slack: float = 1.25) -> "Packing":
-        """``seqs`` sorted by length, following a shared prefix of ``n_prefix`` tokens; a bucket closes when a
-        sequence is ``slack`` times its first one."""
+    def build(cls, seqs: list[list[int]], n_prefix: int, slack: float = 1.25, head: list[int] = ()) -> "Packing":
+        """``seqs`` sorted by length, following a shared prefix of ``n_prefix`` tokens already computed; a
+        bucket closes when a sequence is ``slack`` times its first one.
+
+        ``head``: more of the shared prefix, not computed yet. Its tokens lead the row and form the first
+        bucket (they attend to the ``n_prefix`` tokens and causally to themselves), and every sequence
+        attends to them as part of its prefix: a bucket's mask is (L_b, visible prefix + L_b)."""
+        n_head = len(head)
         lengths = [len(s) for s in seqs]
-        starts = np.cumsum([0] + lengths[:-1])
-        n = int(sum(lengths))
+        starts = n_head + np.cumsum([0] + lengths[:-1], dtype=np.int64)[: len(seqs)]
+        n = n_head + int(sum(lengths))
         scatter = np.zeros(n, dtype=np.int64)
-        buckets, first, flat_offset = [], 0, 0
+        buckets, flat_offset = [], 0
+
+        def bucket(gather: np.ndarray, visible: int):
+            width = gather.shape[1]
+            causal = torch.ones(width, width, dtype=torch.bool).tril()
+            mask = torch.cat([torch.ones(width, visible, dtype=torch.bool), causal], dim=1)
+            buckets.append((torch.from_numpy(gather), mask))
+
+        if n_head:
+            bucket(np.arange(n_head, dtype=np.int64).reshape(1, n_head), n_prefix)
+            scatter[:n_head] = np.arange(n_head)
+            flat_offset = n_head
+        first = 0
         for j in range(1, len(seqs) + 1):
             if j < len(seqs) and lengths[j] <= slack * lengths[first]:
                 continue
@@ -42,16 +60,16 @@ class Packing:
             for r, k in enumerate(range(first, j)):
                 gather[r, : lengths[k]] = starts[k] + np.arange(lengths[k])
                 scatter[starts[k] : starts[k] + lengths[k]] = flat_offset + r * width + np.arange(lengths[k])
-            causal = torch.ones(width, width, dtype=torch.bool).tril()
-            mask = torch.cat([torch.ones(width, n_prefix, dtype=torch.bool), causal], dim=1)
-            buckets.append((torch.from_numpy(gather), mask))
+            bucket(gather, n_prefix + n_head)
             flat_offset += (j - first) * width
             first = j
-        within = np.concatenate([np.arange(length) for length in lengths])
+        # positions: the head's continue the prefix; each sequence's continue the head's
+        within = np.concatenate([np.arange(n_head), *(n_head + np.arange(length) for length in lengths)])
         return cls(
-            ids=torch.tensor([[t for s in seqs for t in s]]),
+            ids=torch.tensor([[*head, *(t for s in seqs for t in s)]]),
             positions=torch.from_numpy(n_prefix + within).unsqueeze(0),
-            last=torch.from_numpy(starts + np.array(lengths) - 1),
+            last=torch.from_numpy(starts + np.array(lengths, dtype=np.int64) - 1),
             buckets=buckets,
             scatter=torch.from_numpy(scatter),
+            n_head=n_head,
         )

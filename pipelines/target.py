@@ -9,7 +9,9 @@ normalised over the task's labels, so "P(yes) vs P(no)" is ``scores[:, yes] - sc
 every position over the whole vocabulary. ``LabelScorer.score`` computes the same numbers with less work:
 
 * the part of the prompt that is the same for every example of a template (chat header, system prompt,
-  instruction) is run once and its key/value cache reused for every example;
+  instruction) is run once (on the packed Llama path: once per scoring thread, ahead of its first batch's
+  examples in the same matrix products) and its key/value cache reused for every example; a template that
+  starts like a recent one starts from that one's cache;
 * the example-specific suffixes of a batch are packed end to end into one row, so the matrix products
   carry no padding; attention regroups them per example (in buckets of similar length) so that each
   attends to the shared prefix and to itself only (``_packed_attention_forward``, routed through
@@ -52,7 +54,8 @@ _SENTINEL = "\u2063TUNE_PROMPTS_INPUT\u2063"
 class ScorerStats:
     pairs_scored: int = 0  # computed by a forward pass
     pairs_cached: int = 0  # answered from the cache
-    tokens_forward: int = 0  # tokens run through the model: prefix tokens not taken from earlier rows, suffixes per pair
+    tokens_forward: int = 0  # tokens run through the model: suffixes per pair, and prefix tokens not taken from
+    #   earlier rows (on the packed path once per scoring thread)
     prefix_fallbacks: int = 0  # examples whose tokenization did not share the template's prefix
     prefix_tokens_reused: int = 0  # prefix tokens not run again: another template's prefix started the same way
     seconds: float = 0.0
@@ -166,6 +169,7 @@ class LabelScorer:
         # The written-out forward pass where the architecture allows it (and unless asked not to).
         self._packed = _packed_llama(model) if packed_llama and unsupported_reason(model) is None else None
         self._prefixes: dict[tuple[int, ...], list[torch.Tensor]] = {}  # recent prefixes' rows (packed path)
+        self._keep_prefixes = 8  # how many recent prefixes' rows are kept
 
     # --- public API ------------------------------------------------------------------------
     def score(self, template: Template, texts: list[str]) -> np.ndarray:
@@ -217,13 +221,15 @@ class LabelScorer:
         self.stats.pairs_scored += len(texts)
         return out
 
-    def _prefix_state(self, prefix_ids: list[int], keep: int = 8):
-        """The shared prefix run once, in the form the forward path reads: buffer rows for the packed Llama
-        path, transformers' per-layer (keys, values) otherwise.
+    def _prefix_state(self, prefix_ids: list[int]):
+        """The shared prefix in the form the forward path reads: for the packed Llama path a ``_PackedPrefix``
+        (the rows known already, the tokens still to run), transformers' per-layer (keys, values) otherwise.
 
-        On the packed path the rows of the last ``keep`` prefixes are kept, and a new prefix starts from the
+        On the packed path the rows of the last ``_keep_prefixes`` prefixes are kept, and a new prefix starts from the
         longest run of tokens it shares with one of them: candidate templates share the chat template's
-        header and system prompt, often the first words of the instruction too."""
+        header and system prompt, often the first words of the instruction too. The rest is not run here:
+        each scoring thread runs it at the head of its first packed batch (``Packing.build``'s ``head``), in
+        the same matrix products as the examples, which costs less than a pass of its own over a few tokens."""
         if self._packed is not None:
             key = tuple(prefix_ids)
             best, known = 0, None
@@ -231,17 +237,19 @@ class LabelScorer:
                 shared = next((i for i, (a, b) in enumerate(zip(seen, key)) if a != b), min(len(seen), len(key)))
                 if shared > best:
                     best, known = shared, [r[:shared] for r in rows]
-            rows = self._packed.prefix_rows(prefix_ids, known)
             self.stats.prefix_tokens_reused += best
-            self.stats.tokens_forward += len(prefix_ids) - best
-            self._prefixes.pop(key, None)
-            self._prefixes[key] = rows
-            while len(self._prefixes) > keep:
-                self._prefixes.pop(next(iter(self._prefixes)))
-            return rows
+            if best == len(key):
+                self._remember_prefix(key, known)  # now the most recent
+            return _PackedPrefix(key, known, list(key[best:]))
         kv = self._body(input_ids=torch.tensor([prefix_ids]), use_cache=True).past_key_values
         self.stats.tokens_forward += len(prefix_ids)
         return [(layer.keys, layer.values) for layer in kv.layers]
+
+    def _remember_prefix(self, key: tuple[int, ...], rows: list[torch.Tensor]) -> None:
+        self._prefixes.pop(key, None)
+        self._prefixes[key] = rows
+        while len(self._prefixes) > self._keep_prefixes:
+            self._prefixes.pop(next(iter(self._prefixes)))
 
     def _run_batches(self, suffixes: dict[int, list[int]], prefix, n_prefix: int) -> dict[int, np.ndarray]:
         """Score token sequences that follow a shared prefix (``prefix`` from ``_prefix_state``; None: no
@@ -249,15 +257,15 @@ class LabelScorer:
         order = sorted(suffixes, key=lambda i: len(suffixes[i]))  # similar lengths together: tight attention buckets
         shards = self._shard_count(len(order))
         if shards == 1:
-            results, tokens = self._run_shard(order, suffixes, prefix, n_prefix)
+            done = [self._run_shard(order, suffixes, prefix, n_prefix)]
         else:
             parts = [order[k::shards] for k in range(shards)]  # dealt in turn: every part has short and long ones
             with _intra_op_threads(1), ThreadPoolExecutor(shards, thread_name_prefix="label-scorer") as pool:
                 done = list(pool.map(lambda part: self._run_shard(part, suffixes, prefix, n_prefix), parts))
-            results = {i: row for part, _ in done for i, row in part.items()}
-            tokens = sum(n for _, n in done)
-        self.stats.tokens_forward += tokens
-        return results
+        if isinstance(prefix, _PackedPrefix) and prefix.head:
+            self._remember_prefix(prefix.key, done[0][2])  # every thread ran the head; the first one's rows are kept
+        self.stats.tokens_forward += sum(tokens for _, tokens, _ in done)
+        return {i: row for results, _, _ in done for i, row in results.items()}
 
     def _shard_count(self, sequences: int, per_shard: int = 8) -> int:
         """One part per intra-op thread, each of ``per_shard`` sequences at least; 1 without the packed Llama
@@ -268,9 +276,13 @@ class LabelScorer:
 
     @torch.inference_mode()  # thread-local: entered in each scoring thread
     def _run_shard(self, order: list[int], suffixes: dict[int, list[int]], prefix, n_prefix: int):
-        """Run the sequences ``order`` (sorted by length) in packed batches; (label log-probs by index, tokens)."""
+        """Run the sequences ``order`` (sorted by length) in packed batches; (label log-probs by index, tokens
+        run, the prefix's rows if this call ran its head)."""
         results: dict[int, np.ndarray] = {}
         start = tokens = 0
+        head, rows_known = [], prefix
+        if isinstance(prefix, _PackedPrefix):
+            head, rows_known = prefix.head, prefix.known
         while start < len(order):
             rows, total = [], 0
             for i in order[start:]:  # as many sequences as fit the token budget (at least one)
@@ -279,16 +291,20 @@ class LabelScorer:
                 rows.append(i)
                 total += len(suffixes[i])
             start += len(rows)
-            packing = Packing.build([suffixes[i] for i in rows], n_prefix)
+            packing = Packing.build([suffixes[i] for i in rows], n_prefix - len(head), head=head)
             if self._packed is not None:
-                picked = self._packed.last_hidden(packing, prefix)  # (rows, d)
+                picked, head_rows = self._packed.forward(packing, rows_known)  # (rows, d)
+                if head:  # later batches read the whole prefix as known rows
+                    rows_known = head_rows if rows_known is None else [
+                        torch.cat([old, new]) for old, new in zip(rows_known, head_rows)]
+                    tokens, head = tokens + len(head), []
             else:
                 picked = self._hf_last_hidden(packing, prefix)
             scores = label_logprobs(picked.float() @ self._label_head.T, self._head_index)
             for r, i in enumerate(rows):
                 results[i] = scores[r]
             tokens += total
-        return results, tokens
+        return results, tokens, rows_known
 
     def _hf_last_hidden(self, packing: Packing, prefix_kv) -> torch.Tensor:
         """transformers' own forward pass over the packed row, attention through ``_packed_attention``."""
@@ -324,6 +340,16 @@ def _intra_op_threads(n: int):
 
 
 _PACKED = "tune_prompts_packed"
+
+
+@dataclass
+class _PackedPrefix:
+    """A template's shared prefix on the packed Llama path: per layer the buffer rows of its first tokens,
+    known from an earlier template (None: none), and the tokens still to run."""
+
+    key: tuple[int, ...]
+    known: list[torch.Tensor] | None
+    head: list[int]
 
 
 @dataclass

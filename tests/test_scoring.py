@@ -128,6 +128,19 @@ def test_packing_layout_round_trips_every_token():
     mask = packing.buckets[1][1]
     assert mask.shape == (5, 5 + 5) and mask[:, :5].all() and torch.equal(mask[:, 5:], torch.ones(5, 5).tril().bool())
 
+    # With a head (the rest of the prefix, run in this pass): it leads the row as a bucket of its own, and
+    # every sequence sees it as prefix.
+    headed = Packing.build(seqs, n_prefix=3, head=[90, 91])
+    assert headed.ids.tolist() == [[90, 91] + [t for s in seqs for t in s]]
+    assert headed.positions[0].tolist() == [3, 4] + packing.positions[0].tolist()
+    assert headed.last.tolist() == [i + 2 for i in packing.last.tolist()]
+    gather, head_mask = headed.buckets[0]
+    assert gather.tolist() == [[0, 1]] and head_mask.tolist() == [[True] * 4 + [False], [True] * 5]
+    assert [m.shape[1] - g.shape[1] for g, m in headed.buckets[1:]] == [5, 5, 5]
+    padded = torch.cat([headed.ids[0], torch.tensor([0])])
+    regrouped = torch.cat([padded[gather].reshape(-1) for gather, _ in headed.buckets])
+    assert torch.equal(regrouped[headed.scatter], headed.ids[0])
+
 
 def _tiny_llama(**overrides):
     import torch
@@ -141,8 +154,9 @@ def _tiny_llama(**overrides):
 
 def test_packed_llama_matches_transformers_on_a_tiny_random_llama():
     """Another head layout than SmolLM2's (6 query heads over 2 key/value heads of 8 dims), float32: the
-    written-out forward pass, prefix rows included and a prefix extended from known rows, equals
-    transformers' own forward pass on the full sequences."""
+    written-out forward pass, prefix rows included, a prefix extended from known rows, and the rest of a
+    prefix run at the head of the examples' own pass, equals transformers' own forward pass on the full
+    sequences."""
     import torch
 
     from pipelines.packed_llama import PackedLlama
@@ -156,9 +170,13 @@ def test_packed_llama_matches_transformers_on_a_tiny_random_llama():
         rows = packed.prefix_rows(prefix, packed.prefix_rows(prefix[:3]))  # extended from the first 3 tokens
         assert torch.allclose(torch.stack(rows), torch.stack(packed.prefix_rows(prefix)), atol=1e-5)
         hidden = packed.last_hidden(Packing.build(suffixes, len(prefix)), rows)
-        for got, suffix in zip(hidden, suffixes):
+        # The same with the prefix's last 3 tokens run as the row's head, in the suffixes' own pass.
+        headed, head_rows = packed.forward(Packing.build(suffixes, 2, head=prefix[2:]), [r[:2] for r in rows])
+        assert torch.allclose(torch.stack(head_rows), torch.stack(rows)[:, 2:], atol=1e-5)
+        for got, got_headed, suffix in zip(hidden, headed, suffixes):
             expected = model.model(input_ids=torch.tensor([prefix + suffix])).last_hidden_state[0, -1]
             assert torch.allclose(got, expected, atol=1e-4), (got - expected).abs().max()
+            assert torch.allclose(got_headed, expected, atol=1e-4), (got_headed - expected).abs().max()
 
 
 def test_packed_llama_declines_what_it_does_not_cover():
