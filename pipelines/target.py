@@ -259,7 +259,13 @@ class LabelScorer:
         if shards == 1:
             done = [self._run_shard(order, suffixes, prefix, n_prefix)]
         else:
-            parts = [order[k::shards] for k in range(shards)]  # dealt in turn: every part has short and long ones
+            # Longest first, each to the part with the fewest tokens so far: equal work per thread (dealing in
+            # turn left one part 2.5% longer here), every part with short and long ones, kept sorted.
+            parts, loads = [[] for _ in range(shards)], [0] * shards
+            for i in reversed(order):
+                k = loads.index(min(loads))
+                parts[k].insert(0, i)
+                loads[k] += len(suffixes[i])
             with _intra_op_threads(1), ThreadPoolExecutor(shards, thread_name_prefix="label-scorer") as pool:
                 done = list(pool.map(lambda part: self._run_shard(part, suffixes, prefix, n_prefix), parts))
         if isinstance(prefix, _PackedPrefix) and prefix.head:
