@@ -148,7 +148,8 @@ class PackedLlama:
             done = 0
             for rows, kv_rows, mask, lengths in plan[1:] if final and n_head else plan:
                 S, width = kv_rows.shape
-                kv = kv_part.index_select(0, kv_rows.flatten()).view(S, width, 2, KV, D).permute(0, 2, 3, 1, 4)  # (S, 2, KV, width, D)
+                kv = kv_part.index_select(0, kv_rows.flatten()).view(S, width, 2, KV, D)
+                kv = kv.permute(0, 2, 3, 1, 4)  # (S, 2, KV, width, D)
                 if final:
                     q = q_part.index_select(0, rows[torch.arange(S), lengths - 1]).view(S, KV, G, D)
                     valid = (kv_rows != P + N).view(S, 1, 1, width)
@@ -157,9 +158,11 @@ class PackedLlama:
                     done += S
                 else:
                     L = rows.shape[1]
-                    q = q_part.index_select(0, rows.flatten()).view(S, L, KV, G * D).transpose(1, 2).reshape(S, KV, L * G, D)
+                    q = q_part.index_select(0, rows.flatten()).view(S, L, KV, G * D).transpose(1, 2)
+                    q = q.reshape(S, KV, L * G, D)
                     out = F.scaled_dot_product_attention(q, kv[:, 0], kv[:, 1], attn_mask=mask, scale=w["scaling"])
-                    attn.index_copy_(0, (rows - P).flatten(), out.view(S, KV, L, G * D).transpose(1, 2).reshape(S * L, H * D))
+                    out = out.view(S, KV, L, G * D).transpose(1, 2).reshape(S * L, H * D)
+                    attn.index_copy_(0, (rows - P).flatten(), out)  # padding rows all land on row N
             if final:
                 h, attn = h[last], attn.view(len(last), H * D)
             else:

@@ -43,7 +43,8 @@ INSTRUCTIONS = [
 ]
 
 
-def matmul_flops(threads: int, dtype_name: str = "bfloat16", n: int = 2048, repeats: int = 10, trials: int = 3) -> float:
+def matmul_flops(threads: int, dtype_name: str = "bfloat16", n: int = 2048, repeats: int = 10,
+                 trials: int = 3) -> float:
     """The machine's matrix-multiply FLOP/s: the best of ``trials`` timings (a busy moment would understate it)."""
     import torch
 
