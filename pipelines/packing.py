@@ -21,8 +21,8 @@ class Packing:
     positions: torch.Tensor  # (1, N) each token's position in its own prompt (after the prefix)
     last: torch.Tensor  # (S,) index in the row of each sequence's last token
     buckets: list[tuple[torch.Tensor, torch.Tensor]]  # per bucket: (S_b, L_b) row index of each
-    #   (sequence, position), N (a zero row) for padding; and the (L_b, P + L_b) mask: all of the prefix,
-    #   then causal within the sequence
+    #   (sequence, position), N (a zero row) for padding; and the (L_b, visible + L_b) mask: all of the
+    #   visible prefix (the computed prefix, and the head for the sequences' buckets), then causal within
     scatter: torch.Tensor  # (N,) index of each row token in the buckets' outputs, flattened and concatenated
     n_head: int = 0  # the row's first tokens: the rest of the shared prefix, run in this pass (see ``build``)
 

@@ -314,6 +314,8 @@ class LabelScorer:
 
     def _hf_last_hidden(self, packing: Packing, prefix_kv) -> torch.Tensor:
         """transformers' own forward pass over the packed row, attention through ``_packed_attention``."""
+        if packing.n_head:  # _packed_attention_forward reads the prefix from prefix_kv only
+            raise ValueError("transformers' packed path takes a computed prefix, not a packing with a head")
         hf_pass = _HFPass(packing, prefix_kv)
         with _packed_attention(self.lm.model, hf_pass):
             hidden = self._body(input_ids=packing.ids, position_ids=packing.positions, use_cache=False).last_hidden_state
