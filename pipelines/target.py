@@ -225,9 +225,9 @@ class LabelScorer:
         """The shared prefix in the form the forward path reads: for the packed Llama path a ``_PackedPrefix``
         (the rows known already, the tokens still to run), transformers' per-layer (keys, values) otherwise.
 
-        On the packed path the rows of the last ``_keep_prefixes`` prefixes are kept, and a new prefix starts from the
-        longest run of tokens it shares with one of them: candidate templates share the chat template's
-        header and system prompt, often the first words of the instruction too. The rest is not run here:
+        On the packed path the rows of the last ``_keep_prefixes`` prefixes are kept, and a new prefix starts
+        from the longest run of tokens it shares with one of them: candidate templates share the chat
+        template's header and system prompt, often the first words of the instruction too. The rest is not run here:
         each scoring thread runs it at the head of its first packed batch (``Packing.build``'s ``head``), in
         the same matrix products as the examples, which costs less than a pass of its own over a few tokens."""
         if self._packed is not None:

@@ -7,10 +7,9 @@ each template's fastest time per method counts (the machine is shared; see main(
              (`pipelines.target.score_naive`);
   * scorer:  `pipelines.target.LabelScorer` with an empty pair cache: the template's shared prompt prefix
              once per thread, at the head of its first batch (started from an earlier template's rows where
-             the tokens agree: the chat header), the
-             example suffixes packed without padding through `pipelines.packed_llama`, the last layer and
-             the label rows of the output layer at each example's last position only, the examples dealt
-             to one thread per core;
+             the tokens agree: the chat header), the example suffixes packed without padding through
+             `pipelines.packed_llama`, the last layer and the label rows of the output layer at each
+             example's last position only, the examples dealt to one thread per core by token count;
   * cached:  the same scorer asked again for the same pairs (a template seen again during tuning).
 Both use the same number of cores (--threads): the naive way through torch's intra-op threads, the scorer
 through its own threads of one intra-op thread each.
@@ -92,7 +91,8 @@ def main() -> int:
     embed = lm.model.get_input_embeddings().weight.numel()
     body = sum(p.numel() for p in lm.model.parameters()) - embed  # tied output layer counted once, in embed
 
-    def flops(tokens: int, context: float, head_rows: int, head_positions: int, last_layer_tokens: int | None = None) -> float:
+    def flops(tokens: int, context: float, head_rows: int, head_positions: int,
+              last_layer_tokens: int | None = None) -> float:
         # 2 FLOPs per weight per token, attention scores and mixing (4*d*context per layer), the output layer;
         # last_layer_tokens: the last layer runs only its key/value projections for the other tokens
         total = 2 * body * tokens + 4 * layers * d * context * tokens + 2 * d * head_rows * head_positions
