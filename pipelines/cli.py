@@ -26,8 +26,8 @@ from typing import Sequence
 from pipelines import cli_store
 from pipelines.config import ConfigError, TaskConfig, builtin_tasks, load_task, load_yaml_mapping
 from pipelines.data import DataError, label_counts, load_examples, split_examples
-from pipelines.endpoints import EndpointError
-from pipelines.models import EMBEDDED, ModelLoadError
+from pipelines.engine.endpoints import EndpointError
+from pipelines.engine.models import EMBEDDED, ModelLoadError
 from pipelines.schedule import CronError, ScheduleError
 from rewards.judge import JudgeError
 from templates.store import StoreError, default_store_url
@@ -116,7 +116,7 @@ def cmd_render(args) -> int:
     examples = splits[args.split][: args.n]
     chat = None
     if args.chat:
-        from pipelines.models import load_tokenizer
+        from pipelines.engine.models import load_tokenizer
 
         chat = load_tokenizer(args.model)
     rendered = []
@@ -205,8 +205,8 @@ def add_endpoint_args(p: argparse.ArgumentParser) -> None:
 
 def make_scorer(args, task: TaskConfig, splits):
     """eval's and check's CandidateScorer: local models, or endpoints (each checked with GET /models first)."""
-    from pipelines.endpoints import make_label_scorer
-    from pipelines.models import load_causal_lm
+    from pipelines.engine.endpoints import make_label_scorer
+    from pipelines.engine.models import load_causal_lm
     from pipelines.scoring import CandidateScorer
     from rewards.judge import JUDGE_VERBALIZERS
 

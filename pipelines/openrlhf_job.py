@@ -54,7 +54,7 @@ def meta_prompts(task: TaskConfig) -> list[str]:
 
 
 def _pretrain(policy_model: str) -> str:
-    from pipelines.models import EMBEDDED, embedded_model_dir
+    from pipelines.engine.models import EMBEDDED, embedded_model_dir
 
     if policy_model == EMBEDDED:
         return str(embedded_model_dir())

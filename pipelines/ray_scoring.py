@@ -49,7 +49,7 @@ class ScoringWorker:
                  reward_examples: int | None = None):
         import torch
 
-        from pipelines.models import load_causal_lm
+        from pipelines.engine.models import load_causal_lm
         from pipelines.scoring import CandidateScorer
 
         torch.set_num_threads(threads)

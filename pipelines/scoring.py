@@ -23,8 +23,8 @@ import numpy as np
 
 from pipelines.config import TaskConfig
 from pipelines.data import Example, Splits
-from pipelines.models import LoadedLM
-from pipelines.target import LabelScorer, prompt_frame
+from pipelines.engine.models import LoadedLM
+from pipelines.engine.target import LabelScorer, prompt_frame
 from rewards import promptbench_metrics as pbm
 from rewards.components import Measured, components_for
 from rewards.judge import JUDGE_VERBALIZERS, Judge
@@ -63,7 +63,7 @@ class CandidateScorer:
         """``reward_examples``: how many dev examples (from the start of the split) ``measure`` scores by
         default; None: all of them. ``target`` and ``judge_lm``: a ``LoadedLM`` (scored in-process by ``LabelScorer``) or a prebuilt
         label scorer, anything with ``score(template, texts)`` and ``verbalizers`` (e.g. an
-        ``EndpointLabelScorer`` from ``pipelines.endpoints.make_label_scorer``). A prebuilt target scorer must
+        ``EndpointLabelScorer`` from ``pipelines.engine.endpoints.make_label_scorer``). A prebuilt target scorer must
         use the task's verbalizers in label order; a prebuilt judge scorer, ``JUDGE_VERBALIZERS``."""
         # Weights and reward functions must match before any model work starts.
         self.components = components_for(task.judge.rubrics)
@@ -93,7 +93,7 @@ class CandidateScorer:
         if isinstance(target, LoadedLM):
             self.tokenizer = target.tokenizer
         else:  # a server owns the target model: count template tokens with the embedded model's tokenizer
-            from pipelines.models import load_tokenizer
+            from pipelines.engine.models import load_tokenizer
 
             self.tokenizer = load_tokenizer()
         self.dev = list(splits.dev)[:reward_examples] if reward_examples else list(splits.dev)

@@ -102,7 +102,7 @@ def _task(settings: dict):
 def _build_scorer(settings: dict):
     """The same scorer the local loop's Ray workers hold (pipelines/ray_scoring.py::ScoringWorker)."""
     from pipelines.data import load_splits
-    from pipelines.models import EMBEDDED, load_causal_lm
+    from pipelines.engine.models import EMBEDDED, load_causal_lm
     from pipelines.scoring import CandidateScorer
 
     task = _task(settings)

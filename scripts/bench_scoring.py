@@ -4,11 +4,11 @@ Both score the same candidate templates on the same dev examples of the `risk` t
 model, alternating template by template so that a change in machine load hits both, for --rounds rounds;
 each template's fastest time per method counts (the machine is shared; see main()):
   * naive:   one unbatched forward pass per pair over the whole prompt, logits at every position
-             (`pipelines.target.score_naive`);
-  * scorer:  `pipelines.target.LabelScorer` with an empty pair cache: the template's shared prompt prefix
+             (`pipelines.engine.target.score_naive`);
+  * scorer:  `pipelines.engine.target.LabelScorer` with an empty pair cache: the template's shared prompt prefix
              once per thread, at the head of its first batch (started from an earlier template's rows where
              the tokens agree: the chat header), the example suffixes packed without padding through
-             `pipelines.packed_llama`, the last layer and the label rows of the output layer at each
+             `pipelines.engine.packed_llama`, the last layer and the label rows of the output layer at each
              example's last position only, the examples dealt to one thread per core by token count;
   * cached:  the same scorer asked again for the same pairs (a template seen again during tuning).
 Both use the same number of cores (--threads): the naive way through torch's intra-op threads, the scorer
@@ -76,8 +76,8 @@ def main() -> int:
 
     from pipelines.config import load_task
     from pipelines.data import load_splits
-    from pipelines.models import load_causal_lm
-    from pipelines.target import LabelScorer, prompt_frame, score_naive
+    from pipelines.engine.models import load_causal_lm
+    from pipelines.engine.target import LabelScorer, prompt_frame, score_naive
 
     torch.set_num_threads(args.threads)
     task = load_task("risk")

@@ -33,7 +33,7 @@ def best_of_n(task, splits, n: int, options, pool) -> tuple[dict, int, float]:
     from pipelines import openrlhf_adapter as rl
     from pipelines.generation import candidate_text, meta_prompt
     from pipelines.loop import select_finalists
-    from pipelines.models import load_causal_lm
+    from pipelines.engine.models import load_causal_lm
     from rewards.components import components_for
     from rewards.weighting import weigh
 

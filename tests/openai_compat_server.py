@@ -237,7 +237,7 @@ if __name__ == "__main__":
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from pipelines.models import EMBEDDED, load_causal_lm
+    from pipelines.engine.models import EMBEDDED, load_causal_lm
 
     parser = argparse.ArgumentParser(description="Serve the embedded model over an OpenAI-compatible API on loopback.")
     parser.add_argument("--port", type=int, default=8000)

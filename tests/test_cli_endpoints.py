@@ -42,7 +42,7 @@ def test_prebuilt_scorers_must_answer_the_roles_words(target, judge, message):
 def server():
     import torch
 
-    from pipelines.models import load_causal_lm
+    from pipelines.engine.models import load_causal_lm
 
     # One torch thread: on a busy 2-core machine two threads that spin-wait for each other made each request
     # take about 2.5 s instead of 0.13 s, and requests then ran into the scorer's 30 s timeout.

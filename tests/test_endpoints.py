@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipelines.endpoints import EndpointError, EndpointLabelScorer, make_label_scorer
+from pipelines.engine.endpoints import EndpointError, EndpointLabelScorer, make_label_scorer
 from templates.template import Template
 
 # tests/ is not a package (openrlhf installs one named `tests`): load the server module by path.
@@ -105,7 +105,7 @@ def test_retries_give_up_after_max_retries(server):
 def test_no_logprobs_falls_back_to_answers_and_says_so(server, caplog):
     server.faults.no_logprobs = True
     s = scorer(server.base_url, max_concurrency=1)
-    with caplog.at_level(logging.WARNING, logger="pipelines.endpoints"):
+    with caplog.at_level(logging.WARNING, logger="pipelines.engine.endpoints"):
         rows = s.score(TEMPLATE, [SCAM, PLAIN, "gibberish"])
     assert s.stats.mode == "answers" and s.stats.as_dict()["mode"] == "answers"
     assert log_odds(rows)[:2] == pytest.approx([math.log(999), -math.log(999)], abs=1e-3)  # "Yes" / "No"
@@ -183,7 +183,7 @@ def test_make_label_scorer_picks_the_endpoint_for_a_url(server):
 
 
 # The risk seed template is a poor fit for exact-token matching: SmolLM2 starts its answer with "No"/"Yes",
-# and lowercase "yes" falls outside the top 20 for about half of these messages (see pipelines/endpoints.py).
+# and lowercase "yes" falls outside the top 20 for about half of these messages (see pipelines/engine/endpoints.py).
 # This instruction keeps both lowercase answers in the top 20 for every example, so the endpoint sees the
 # same two numbers LabelScorer reads and the comparison tests the transport, not the truncation.
 LOWERCASE_TEMPLATE = Template("Is the following SMS a scam? Write only yes or no, in lowercase letters.\n{text}", ("text",))
@@ -193,8 +193,8 @@ LOWERCASE_TEMPLATE = Template("Is the following SMS a scam? Write only yes or no
 def test_endpoint_scores_match_the_in_process_scorer_on_real_risk_examples():
     from pipelines.config import load_task
     from pipelines.data import load_splits
-    from pipelines.models import load_causal_lm
-    from pipelines.target import LabelScorer
+    from pipelines.engine.models import load_causal_lm
+    from pipelines.engine.target import LabelScorer
     from rewards.promptbench_metrics import roc_auc
 
     task = load_task("risk")

@@ -5,8 +5,8 @@ import shutil
 
 import pytest
 
-from pipelines import models
-from pipelines.models import EMBEDDED, ModelLoadError, load_causal_lm, load_embedder
+from pipelines.engine import models
+from pipelines.engine.models import EMBEDDED, ModelLoadError, load_causal_lm, load_embedder
 
 
 @pytest.mark.e2e

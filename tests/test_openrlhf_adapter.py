@@ -312,7 +312,7 @@ BATCH, MAX_NEW_TOKENS, STEPS = 8, 24, 3
 
 
 def _load_policy_base():
-    from pipelines.models import load_causal_lm
+    from pipelines.engine.models import load_causal_lm
 
     loaded = load_causal_lm()
     return loaded.model, loaded.tokenizer

@@ -58,7 +58,7 @@ def _no_settings_env(monkeypatch):
 
 
 def test_dry_run_writes_the_files_and_prints_a_command_openrlhfs_parser_accepts(tmp_path, capsys):
-    from pipelines.models import embedded_model_dir
+    from pipelines.engine.models import embedded_model_dir
 
     run_dir = tmp_path / "run"
     assert _dry_run(run_dir) == 0
@@ -157,7 +157,7 @@ def test_openrlhf_scores_a_real_rollout_with_the_same_reward_as_the_local_scorer
     from pipelines.config import load_task
     from pipelines.data import load_splits
     from pipelines.generation import candidate_text
-    from pipelines.models import load_causal_lm, load_tokenizer
+    from pipelines.engine.models import load_causal_lm, load_tokenizer
     from pipelines.scoring import CandidateScorer
 
     run_dir = tmp_path / "run"

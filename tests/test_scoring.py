@@ -112,7 +112,7 @@ def test_judge_rejects_rubrics_with_braces():
 def test_packing_layout_round_trips_every_token():
     import torch
 
-    from pipelines.packing import Packing
+    from pipelines.engine.packing import Packing
 
     seqs = [[1, 2], [3, 4, 5, 6], [7, 8, 9, 10, 11], [12] * 9]  # sorted; a length over 1.25x a bucket's first opens one
     packing = Packing.build(seqs, n_prefix=5)
@@ -159,8 +159,8 @@ def test_packed_llama_matches_transformers_on_a_tiny_random_llama():
     sequences."""
     import torch
 
-    from pipelines.packed_llama import PackedLlama
-    from pipelines.packing import Packing
+    from pipelines.engine.packed_llama import PackedLlama
+    from pipelines.engine.packing import Packing
 
     model = _tiny_llama()
     packed = PackedLlama(model)
@@ -182,7 +182,7 @@ def test_packed_llama_matches_transformers_on_a_tiny_random_llama():
 def test_packed_llama_declines_what_it_does_not_cover():
     import torch
 
-    from pipelines.packed_llama import unsupported_reason
+    from pipelines.engine.packed_llama import unsupported_reason
 
     assert unsupported_reason(_tiny_llama()) is None
     assert "bias" in unsupported_reason(_tiny_llama(mlp_bias=True))
@@ -202,7 +202,7 @@ def risk():
 
 @pytest.fixture(scope="module")
 def lm_bf16():
-    from pipelines.models import load_causal_lm
+    from pipelines.engine.models import load_causal_lm
 
     return load_causal_lm()
 
@@ -217,7 +217,7 @@ def lm_fp32(lm_bf16):
 @pytest.mark.e2e
 @pytest.mark.parametrize("packed_llama", [True, False], ids=["packed-llama", "transformers-forward"])
 def test_fast_scorer_equals_naive_in_float32(risk, lm_fp32, packed_llama):
-    from pipelines.target import LabelScorer, score_naive
+    from pipelines.engine.target import LabelScorer, score_naive
 
     task, splits = risk
     texts = [e.text for e in splits.dev[:10]]
@@ -241,8 +241,8 @@ def test_packed_llama_forward_equals_transformers_forward(risk, lm_bf16):
     assertion allows one bfloat16 step)."""
     import torch
 
-    from pipelines.packing import Packing
-    from pipelines.target import LabelScorer, prompt_frame
+    from pipelines.engine.packing import Packing
+    from pipelines.engine.target import LabelScorer, prompt_frame
 
     task, splits = risk
     tok = lm_bf16.tokenizer
@@ -268,7 +268,7 @@ def test_scoring_threads_and_prefix_reuse_give_the_same_scores(risk, lm_bf16):
     rows score like one thread and a prefix run from scratch (bfloat16: batch shapes change rounding)."""
     import torch
 
-    from pipelines.target import LabelScorer
+    from pipelines.engine.target import LabelScorer
 
     task, splits = risk
     texts = [e.text for e in splits.dev[:32]]
@@ -293,7 +293,7 @@ def test_scoring_threads_and_prefix_reuse_give_the_same_scores(risk, lm_bf16):
 
 @pytest.mark.e2e
 def test_fast_scorer_matches_naive_in_bfloat16_and_cache_is_identical(risk, lm_bf16):
-    from pipelines.target import LabelScorer, score_naive
+    from pipelines.engine.target import LabelScorer, score_naive
 
     task, splits = risk
     examples = list(splits.dev[:24])

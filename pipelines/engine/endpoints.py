@@ -1,6 +1,6 @@
 """Target and judge models behind an OpenAI-compatible HTTP endpoint (vLLM, OpenAI, and the like).
 
-``EndpointLabelScorer`` keeps ``pipelines.target.LabelScorer``'s contract: ``score(template, texts)`` returns
+``EndpointLabelScorer`` keeps ``pipelines.engine.target.LabelScorer``'s contract: ``score(template, texts)`` returns
 label log-probabilities normalised over the labels, shape (len(texts), n_labels), cached by (template, text).
 It imports neither torch nor transformers and needs no tokenizer: the server owns the model.
 
@@ -66,7 +66,7 @@ from typing import Literal, Sequence
 
 import numpy as np
 
-from pipelines.pair_cache import PairCache
+from pipelines.engine.pair_cache import PairCache
 from templates.template import Template
 
 logger = logging.getLogger(__name__)
@@ -463,6 +463,6 @@ def make_label_scorer(
         return EndpointLabelScorer(target, model, verbalizers, chat=chat_template, **endpoint_options)
     if endpoint_options or model:
         raise ValueError(f"model and {sorted(endpoint_options)} apply to endpoints only; the target is a loaded model")
-    from pipelines.target import LabelScorer  # torch lives there; a URL-only run never imports it
+    from pipelines.engine.target import LabelScorer  # torch lives there; a URL-only run never imports it
 
     return LabelScorer(target, list(verbalizers), chat_template=chat_template, batch_size=batch_size)

@@ -1,6 +1,6 @@
 """The Llama decoder's forward pass over a packed row, written out for label scoring.
 
-``pipelines.target.LabelScorer`` packs the example suffixes of a batch end to end and runs them through the
+``pipelines.engine.target.LabelScorer`` packs the example suffixes of a batch end to end and runs them through the
 target model. For Llama-architecture models (the embedded SmolLM2 among them) this module runs that forward
 pass with the model's own weights and modules for the numerics (embeddings, rotary tables, norms), in the
 same order of operations as transformers' ``LlamaDecoderLayer`` -- the tests check that the two paths give
@@ -17,7 +17,7 @@ small model loses its time:
   label scoring reads); keys and values still come from every token.
 
 Any model this does not cover (``unsupported_reason``) is scored by transformers' own forward pass with
-packed attention routed through its ``AttentionInterface`` (``pipelines.target``).
+packed attention routed through its ``AttentionInterface`` (``pipelines.engine.target``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from pipelines.packing import Packing
+from pipelines.engine.packing import Packing
 
 
 def decoder_of(model):

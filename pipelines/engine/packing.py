@@ -1,7 +1,7 @@
 """The layout of a packed batch: the example suffixes of one template laid end to end in one row.
 
-Both forward paths of ``pipelines.target.LabelScorer`` read it: transformers' own forward pass with the packed
-attention function, and the written-out Llama pass of ``pipelines.packed_llama``.
+Both forward paths of ``pipelines.engine.target.LabelScorer`` read it: transformers' own forward pass with the packed
+attention function, and the written-out Llama pass of ``pipelines.engine.packed_llama``.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ every position over the whole vocabulary. ``LabelScorer.score`` computes the sam
   attends to the shared prefix and to itself only (``_packed_attention_forward``, routed through
   transformers' ``AttentionInterface`` for the duration of the forward pass);
 * hidden states become logits only at each example's last position and only for the label tokens;
-* for Llama-architecture models the forward pass over the packed row is ``pipelines.packed_llama``
+* for Llama-architecture models the forward pass over the packed row is ``pipelines.engine.packed_llama``
   (equal hidden states, less work around the matrix products, the last layer for the last tokens only);
 * with more than one intra-op thread, the sequences are dealt to one thread per core, each running its own
   packed batches with one intra-op thread: a core is used better that way than by splitting each small
@@ -41,10 +41,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pipelines.models import LoadedLM
-from pipelines.packed_llama import PackedLlama, decoder_of, unsupported_reason
-from pipelines.packing import Packing
-from pipelines.pair_cache import PairCache
+from pipelines.engine.models import LoadedLM
+from pipelines.engine.packed_llama import PackedLlama, decoder_of, unsupported_reason
+from pipelines.engine.packing import Packing
+from pipelines.engine.pair_cache import PairCache
 from templates.template import Template
 
 _SENTINEL = "\u2063TUNE_PROMPTS_INPUT\u2063"
