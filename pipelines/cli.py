@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Sequence
 
 from pipelines import cli_store
-from pipelines.config import ConfigError, TaskConfig, builtin_tasks, load_task, load_yaml_mapping
+from pipelines.config import (ConfigError, Endpoint, ModelSource, RunOptions, TaskConfig, builtin_tasks, load_task,
+                              load_yaml_mapping)
 from pipelines.data import DataError, label_counts, load_examples, split_examples
 from pipelines.engine.endpoints import EndpointError
 from pipelines.engine.models import EMBEDDED, ModelLoadError
@@ -155,8 +156,9 @@ def evaluation_report(task: TaskConfig, ev, name: str) -> dict:
         "pdr": dict(m.pdr),
         "judge": dict(m.judge),
         "template_tokens": m.tokens,
-        "latency_ms": dict(ev.latency_ms),
-        "render_us_p99": ev.render_us_p99,
+        "latency_ms": {"p50": ev.latency.p50_ms, "p95": ev.latency.p95_ms} if ev.latency else {},
+        "request_error_rate": ev.latency.error_rate if ev.latency else None,
+        "render_us_p99": ev.latency.render_us_p99 if ev.latency else None,
         "timing_s": {k: round(v, 3) for k, v in m.timing.items()},
     }
 
@@ -185,6 +187,8 @@ def print_report(report: dict) -> None:
     metric_rows.append({"metric": "template tokens", "value": report["template_tokens"]})
     for k, v in report["latency_ms"].items():
         metric_rows.append({"metric": f"target latency {k} (ms, one request)", "value": v})
+    if report["request_error_rate"] is not None:
+        metric_rows.append({"metric": "target request error rate", "value": report["request_error_rate"]})
     if report["render_us_p99"] is not None:
         metric_rows.append({"metric": "render p99 (us)", "value": report["render_us_p99"]})
     metric_rows += [{"metric": f"timing {k}", "value": v} for k, v in report["timing_s"].items()]
@@ -203,38 +207,38 @@ def add_endpoint_args(p: argparse.ArgumentParser) -> None:
                    help="name of the environment variable holding the API key, never the key (default TUNE_PROMPTS_API_KEY)")
 
 
-def make_scorer(args, task: TaskConfig, splits):
-    """eval's and check's CandidateScorer: local models, or endpoints (each checked with GET /models first)."""
-    from pipelines.engine.endpoints import make_label_scorer
-    from pipelines.engine.models import load_causal_lm
-    from pipelines.scoring import CandidateScorer
-    from rewards.judge import JUDGE_VERBALIZERS
+def model_sources(args) -> tuple[ModelSource, ModelSource | None]:
+    """The target and judge the flags name: a local model, or a model served at a URL. The judge defaults to
+    the target (``build_scorer`` shares its scorer where it can); a judge model without a judge URL is served
+    by the target's server when there is one, else loaded locally."""
+    if args.target_url and not args.target_model:
+        raise ConfigError(f"--target-url {args.target_url} needs --target-model, the model name that server serves "
+                          "(GET URL/models lists them)")
+    target = Endpoint(args.target_url, args.target_model, args.api_key_env) if args.target_url else args.model
+    if args.judge_url:
+        judge = Endpoint(args.judge_url, args.judge_model or args.target_model, args.api_key_env)
+    elif args.judge_model:
+        judge = Endpoint(args.target_url, args.judge_model, args.api_key_env) if args.target_url else args.judge_model
+    else:
+        judge = None
+    return target, judge
 
-    say = (lambda msg: None) if args.json else (lambda msg: print(msg, file=sys.stderr))
-    options = {"api_key_env": args.api_key_env}
-    verbalizers = [task.labels[name].verbalizer for name in task.labels]
-    judge_url = args.judge_url or args.target_url
+
+def make_scorer(args, task: TaskConfig, splits):
+    """eval's and check's CandidateScorer (endpoints are checked with GET /models first)."""
+    from pipelines.scoring import build_scorer
+
+    target, judge = model_sources(args)
+    if not args.json:
+        for role, source in (("target", target), ("judge", judge)):
+            if isinstance(source, Endpoint):
+                print(f"{role}: {source.model} at {source.url}", file=sys.stderr)
+            elif source is not None or role == "target":
+                print(f"loading {role} model {source} ...", file=sys.stderr)
     try:
-        if args.target_url:
-            target = make_label_scorer(args.target_url, verbalizers, model=args.target_model, batch_size=task.scoring.batch_size,
-                                       chat_template=task.template.chat_template, **options)
-            say(f"target: {args.target_model} at {args.target_url}")
-        else:
-            say(f"loading target model {args.model} ...")
-            target = load_causal_lm(args.model)
-        judge = None  # the target judges, sharing its scorer when it answers yes/no
-        if judge_url and (args.judge_url or args.judge_model or verbalizers != list(JUDGE_VERBALIZERS)):
-            model = args.judge_model or args.target_model
-            judge = make_label_scorer(judge_url, JUDGE_VERBALIZERS, model=model, **options)
-            say(f"judge: {model} at {judge_url}")
-        elif args.judge_model:
-            judge = load_causal_lm(args.judge_model)
+        return build_scorer(task, splits, target, judge)
     except ValueError as exc:  # a URL or model name the endpoint scorer refuses
         raise ConfigError(str(exc)) from None
-    for scorer in (target, judge):
-        if hasattr(scorer, "check"):
-            scorer.check()
-    return CandidateScorer(task, splits, target, judge)
 
 
 def cmd_eval(args) -> int:
@@ -256,37 +260,50 @@ def cmd_eval(args) -> int:
     return 0
 
 
-def cmd_tune(args) -> int:
-    from pipelines.loop import RunOptions, tune
-
+def tuning_setup(args, store_url: str | None) -> tuple[TaskConfig, RunOptions]:
+    """The task (with the flags that override it) and the run options of a tuning run."""
     task = load_task(args.task)
     changes = {}
     if args.candidates:
         changes["generation.candidates_per_step"] = args.candidates
+    if args.seed is not None:
+        changes["ppo.seed"] = args.seed
     if changes:
         task = task.with_overrides(**changes)
-    run_dir = args.run_dir or str(Path("runs") / f"{task.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     if args.resume and not args.run_dir:
         raise ConfigError("--resume needs --run-dir, the folder of the run to continue")
     options = RunOptions(
-        steps=args.steps, policy_model=args.policy_model, target_model=args.model, judge_model=args.judge_model,
-        num_scorers=args.num_scorers, ray_address=args.ray_address, run_dir=run_dir, seed=args.seed,
-        finalists=args.finalists,
+        steps=args.steps, policy_model=args.policy_model, target=args.model, judge=args.judge_model,
+        num_scorers=args.num_scorers, ray_address=args.ray_address, finalists=args.finalists,
+        run_dir=args.run_dir or str(Path("runs") / f"{task.name}-{time.strftime('%Y%m%d-%H%M%S')}"),
         dev_examples=args.dev_examples or None, wandb_mode=args.wandb_mode, wandb_project=args.wandb_project,
-        wandb_entity=args.wandb_entity, store_url=None if args.no_store else (args.store or default_store_url()),
-        promote=not args.no_promote, progress=not args.json,
+        wandb_entity=args.wandb_entity, store_url=store_url, promote=not args.no_promote, progress=not args.json,
     )
+    return task, options
+
+
+def run_tuning(task: TaskConfig, options: RunOptions, *, resume: bool, json_output: bool) -> dict:
+    """The local tuning run, with its progress on the terminal and its final table (unless JSON is wanted)."""
+    from pipelines.loop import tune
+
+    log = (lambda *a: print(*a, file=sys.stderr)) if json_output else print
+    log(f"tune-prompts: task {task.name}, {options.steps} steps x {task.generation.candidates_per_step} candidates, "
+        f"run folder {options.run_dir}")
+    report = tune(task, options, resume=resume, log=log)
+    if not json_output:
+        print_final_table(task, report)
+    return report
+
+
+def cmd_tune(args) -> int:
+    task, options = tuning_setup(args, None if args.no_store else (args.store or default_store_url()))
     if args.backend == "openrlhf":
         from pipelines.openrlhf_job import prepare_job
 
         return prepare_job(task, options, dry_run=args.dry_run, json_output=args.json)
-    log = (lambda *a: print(*a, file=sys.stderr)) if args.json else print
-    log(f"tune-prompts: task {task.name}, {options.steps} steps x {task.generation.candidates_per_step} candidates, run folder {run_dir}")
-    report = tune(task, options, resume=args.resume, log=log)
+    report = run_tuning(task, options, resume=args.resume, json_output=args.json)
     if args.json:
         print(json.dumps(report, indent=2, default=str))
-        return 0
-    print_final_table(task, report)
     return 0
 
 
@@ -314,9 +331,6 @@ def print_final_table(task: TaskConfig, report: dict) -> None:
 
 
 def cmd_check(args) -> int:
-    import contextlib
-    import io
-
     from pipelines import drift
 
     task = load_task(args.task)
@@ -339,17 +353,13 @@ def cmd_check(args) -> int:
         print(verdict)
     code = 0 if report["passed"] else 1
     if not report["passed"] and args.tune_if_below:
-        args.store, args.no_store = store, False  # the tuning run records into the same store
-        if args.json:  # one JSON document: the tuning report goes inside the check's
-            out = io.StringIO()
-            with contextlib.redirect_stdout(out):
-                code = cmd_tune(args)
-            report["tuning"] = json.loads(out.getvalue() or "null")
-        else:
+        if not args.json:
             print(f"tuning {task.name} (--tune-if-below) ...")
-            code = cmd_tune(args)
+        task, options = tuning_setup(args, store)  # the tuning run records into the same store
+        report["tuning"] = run_tuning(task, options, resume=args.resume, json_output=args.json)
+        code = 0
     if args.json:
-        print(json.dumps(report, indent=2))
+        print(json.dumps(report, indent=2, default=str))
     return code
 
 
@@ -389,7 +399,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "among the max(4, 2 x finalists) best by step reward (default 1)")
     tuning.add_argument("--run-dir", help="run folder for checkpoints, report and W&B files (default runs/<task>-<time>)")
     tuning.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
-    tuning.add_argument("--seed", type=int, default=0)
+    tuning.add_argument("--seed", type=int, help="the run's seed: sampling and PPO minibatch order (default: the "
+                        "task's ppo.seed, 0); the data split has its own, split.seed")
     tuning.add_argument("--backend", choices=["local", "openrlhf"], default="local",
                         help="local: this machine's PPO loop (default); openrlhf: write the train_ppo_ray job and submit it")
     tuning.add_argument("--dry-run", action="store_true", help="with --backend openrlhf: print the job instead of submitting it")

@@ -7,12 +7,16 @@ Unknown keys are rejected and every validation error names the field and the fix
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from pipelines.engine.models import EMBEDDED
+from rewards.components import components_for
+from rewards.weighting import check_weights
 from templates.gate import PromotionConfig
 from templates.template import Template, TemplateError, constraints_from_spec
 
@@ -46,7 +50,8 @@ class DataConfig(_Strict):
 
 
 class SplitConfig(_Strict):
-    seed: int = 13
+    seed: int = Field(13, description="seed of the data split (which examples are train, dev and test); the run's "
+                      "own seed is ppo.seed: a run with another seed must not see other test data")
     balanced: bool = Field(True, description="equal examples per label in each split (else label proportions)")
     train: int = Field(200, ge=2, description="examples for calibration and tuning (never scored for promotion)")
     dev: int = Field(200, ge=2, description="examples for the reward during tuning")
@@ -58,7 +63,7 @@ class TemplateConfig(_Strict):
     seed_instruction: str = ""
     constraints: dict[str, dict[str, Any]] = Field(default_factory=dict)
     max_tokens: int = Field(192, gt=0, description="token budget of a whole template")
-    max_instruction_tokens: int = Field(64, gt=0, description="how many tokens the policy may write")
+    max_instruction_tokens: int = Field(48, gt=0, description="how many tokens the policy may write (its max new tokens)")
     chat_template: bool = Field(True, description="wrap the rendered prompt in the target model's chat template")
 
 
@@ -96,6 +101,18 @@ class RewardConfig(_Strict):
         if not weights:
             raise ValueError("give at least one reward weight")
         return weights
+
+
+class PromotionSettings(_Strict):
+    """The promotion gate's bars (``templates.gate.PromotionConfig``; its metric is ``scoring.metric`` and its
+    token budget ``template.max_tokens``). No task's thresholds are defaults: a task states its own."""
+
+    thresholds: dict[str, float] = Field(default_factory=dict,
+                                         description="reward component -> minimum on the held-out split")
+    min_improvement: float = Field(0.01, description="held-out metric gain over production needed to promote")
+    max_latency_p95_increase: float = Field(0.2, description="allowed p95 latency increase over production, a fraction")
+    max_render_us: float = Field(80.0, description="p99 render time budget, microseconds")
+    max_error_rate: float = Field(0.02, description="allowed fraction of failed target requests")
 
 
 class GenerationConfig(_Strict):
@@ -152,7 +169,7 @@ class TaskConfig(_Strict):
     scoring: ScoringConfig = ScoringConfig()
     judge: JudgeConfig
     reward: RewardConfig
-    promotion: dict[str, Any] = Field(default_factory=dict, description="fields of templates.gate.PromotionConfig")
+    promotion: PromotionSettings = PromotionSettings()
     generation: GenerationConfig = GenerationConfig()
     ppo: PPOConfig = PPOConfig()
     base_dir: Path = Field(Path("."), exclude=True, description="folder of the task file; relative paths start here")
@@ -175,6 +192,7 @@ class TaskConfig(_Strict):
                 f"{len(self.labels)} labels: tasks are binary for now (threshold decision, ROC-AUC reward); "
                 "map the labels onto two"
             )
+        check_weights(self.reward.weights, components_for(self.judge.rubrics))  # before any model is loaded
         self.skeleton()  # raises for a bad skeleton
         self.seed_template()  # raises for a bad seed instruction or constraint
         self.promotion_config()  # raises for bad promotion settings
@@ -210,15 +228,22 @@ class TaskConfig(_Strict):
             raise ValueError(f"template: {exc}") from None
 
     def promotion_config(self) -> PromotionConfig:
-        fields = {"metric": self.scoring.metric, "max_template_tokens": self.template.max_tokens, **self.promotion}
+        """The gate's bars: the promotion section, with the metric and token budget the task already states."""
         try:
-            return PromotionConfig(**fields)
+            return PromotionConfig(metric=self.scoring.metric, max_template_tokens=self.template.max_tokens,
+                                   **self.promotion.model_dump())
         except (TypeError, ValueError) as exc:
             raise ValueError(f"promotion: {exc}") from None
 
     @property
-    def label_names(self) -> tuple[str, ...]:
-        return tuple(self.labels)
+    def component_names(self) -> tuple[str, ...]:
+        """Every reward component, weighted or only logged: the fixed ones, then one per judge rubric."""
+        return tuple(components_for(self.judge.rubrics))
+
+    @property
+    def verbalizers(self) -> list[str]:
+        """The answer word of each label, in label order."""
+        return [spec.verbalizer for spec in self.labels.values()]
 
     def with_overrides(self, **changes: Any) -> "TaskConfig":
         """A copy with dotted-path overrides, e.g. ``{"split.test": 100}``, validated again."""
@@ -304,3 +329,37 @@ def resolve_source(source: str, base_dir: Path) -> Path:
         return Path(spec.submodule_search_locations[0]) / inner
     path = Path(source)
     return path if path.is_absolute() else base_dir / path
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A model served over an OpenAI-compatible API (vLLM, TGI, a gateway). The key is read from the
+    environment variable ``api_key_env``, never passed around."""
+
+    url: str
+    model: str
+    api_key_env: str = "TUNE_PROMPTS_API_KEY"
+
+
+ModelSource = str | Endpoint  # a model id, folder or EMBEDDED; or a served model
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How one tuning run executes (what it tunes is the TaskConfig): models, Ray, the run folder, outputs."""
+
+    steps: int = 4
+    policy_model: str = EMBEDDED
+    target: ModelSource = EMBEDDED
+    judge: ModelSource | None = None  # None: the target judges
+    num_scorers: int = 2  # Ray scoring actors (capped at the CPUs Ray has)
+    ray_address: str | None = None
+    run_dir: str = "runs/latest"
+    finalists: int = 1  # candidates evaluated on the test split (see pipelines.loop.select_finalists)
+    dev_examples: int | None = 100  # dev examples in each candidate's reward (None: the whole dev split)
+    wandb_mode: str = "offline"
+    wandb_project: str = "tune-prompts"
+    wandb_entity: str | None = None
+    store_url: str | None = None  # None: no store
+    promote: bool = True
+    progress: bool = True

@@ -1,9 +1,9 @@
 """Scoring on Ray: actors that each hold the target and judge models, and a pool that survives their death.
 
-The only module that imports ray (besides the scheduler's job-submission client). Each ``ScoringWorker``
-loads its own copy of the target model and runs ``pipelines.scoring.CandidateScorer``; the pool splits a
-step's candidates across the workers. A worker that dies mid-step (out of memory, a killed node) is
-replaced by a fresh one and its share of the step is retried, so the step completes.
+Each ``ScoringWorker`` builds its own scorer with ``pipelines.scoring.build_scorer`` (its own copy of the
+target model, or its own client of an endpoint); the pool splits a step's candidates across the workers. A
+worker that dies mid-step (out of memory, a killed node) is replaced by a fresh one and its share of the step
+is retried, so the step completes.
 
 On a 2-core machine two one-thread workers are the default: they score about 18% more pairs per second
 than one worker with two threads (measured with the project's scorer), because small operations no longer
@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Sequence
+from typing import Callable, Sequence
 
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
 
-from pipelines.config import TaskConfig
+from pipelines.config import ModelSource, TaskConfig
 from pipelines.data import Splits
 
 log = logging.getLogger(__name__)
@@ -45,55 +45,40 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
 
 @ray.remote(max_restarts=0)
 class ScoringWorker:
-    def __init__(self, task: TaskConfig, splits: Splits, target_model: str, judge_model: str | None, threads: int,
-                 reward_examples: int | None = None):
+    """One scorer in its own process; its methods are the pool's whole vocabulary."""
+
+    def __init__(self, *, task: TaskConfig, splits: Splits, target: ModelSource, judge: ModelSource | None,
+                 threads: int, reward_examples: int | None):
         import torch
 
-        from pipelines.engine.models import load_causal_lm
-        from pipelines.scoring import CandidateScorer
+        from pipelines.scoring import build_scorer
 
         torch.set_num_threads(threads)
-        target = load_causal_lm(target_model)
-        judge = load_causal_lm(judge_model) if judge_model and judge_model != target_model else None
-        self.scorer = CandidateScorer(task, splits, target, judge, reward_examples=reward_examples)
+        self.scorer = build_scorer(task, splits, target, judge, reward_examples=reward_examples)
 
-    def measure(self, texts: list[str], robustness: bool = True, whole_dev: bool = False):
-        return self.scorer.measure(texts, robustness=robustness, whole_dev=whole_dev)
+    def measure(self, texts: list[str], whole_dev: bool):
+        return self.scorer.measure(texts, whole_dev=whole_dev)
 
     def evaluate(self, texts: list[str], split: str):
         return [self.scorer.evaluate(text, split, latency=False) for text in texts]
 
-    def latency(self, text: str, split: str) -> tuple[dict, float]:
-        """Per-request latency (p50/p95 ms) and render time (p99 us) of a valid template."""
-        template = self.scorer.validate(text).template
-        examples = list(self.scorer.splits[split])
-        return self.scorer.request_latency_ms(template, examples), self.scorer.render_us_p99(template, examples)
+    def latency(self, text: str, split: str):
+        return self.scorer.latency(self.scorer.validate(text).template, split)
 
-    def stats(self) -> dict:
-        return {"target": self.scorer.target.stats.as_dict(), "judge_errors": self.scorer.judge.errors}
-
-    def pid(self) -> int:
+    def ready(self) -> int:
         return os.getpid()
 
 
 _DEAD = (ActorDiedError, ActorUnavailableError, RayActorError)
+Call = Callable[[ray.actor.ActorHandle], ray.ObjectRef]  # one worker's remote call, repeatable on a replacement
 
 
 class ScoringPool:
     """A fixed number of scoring workers; dead ones are replaced and their work retried."""
 
-    def __init__(
-        self,
-        task: TaskConfig,
-        splits: Splits,
-        *,
-        target_model: str,
-        judge_model: str | None = None,
-        num_workers: int = 1,
-        cpus_per_worker: int | None = None,
-        max_retries: int = 2,
-        reward_examples: int | None = None,
-    ):
+    def __init__(self, task: TaskConfig, splits: Splits, *, target: ModelSource, judge: ModelSource | None = None,
+                 num_workers: int = 1, cpus_per_worker: int | None = None, max_retries: int = 2,
+                 reward_examples: int | None = None):
         """``reward_examples``: dev examples in a candidate's step reward (the first ones; None: all)."""
         if cpus_per_worker:
             self.cpus = cpus_per_worker
@@ -103,22 +88,45 @@ class ScoringPool:
                 log.warning("%d scoring workers asked for, %d CPUs free in Ray: starting %d", num_workers, available, available)
                 num_workers = available
             self.cpus = available // num_workers
-        self._args = (task, splits, target_model, judge_model, self.cpus, reward_examples)
+        self._worker_args = dict(task=task, splits=splits, target=target, judge=judge, threads=self.cpus,
+                                 reward_examples=reward_examples)
         self.workers = [self._start() for _ in range(num_workers)]
         self.max_retries = max_retries
         self.replaced = 0  # workers replaced after dying
         self._home: dict[str, int] = {}  # template text -> the worker whose pair cache holds its scores
 
     def _start(self):
-        return ScoringWorker.options(num_cpus=self.cpus).remote(*self._args)
+        return ScoringWorker.options(num_cpus=self.cpus).remote(**self._worker_args)
 
     def wait_ready(self) -> None:
         """Block until every worker has loaded its models (so step timings exclude start-up)."""
-        self._call_all([("pid", ())] * len(self.workers))
+        self._run({i: lambda worker: worker.ready.remote() for i in range(len(self.workers))})
 
-    def _assign(self, texts: Sequence[str]) -> list[list[int]]:
-        """Indices of ``texts`` per worker: a template goes back to the worker that scored it before (its
-        cache answers the pairs already scored), a new one to the worker with the least work."""
+    def measure(self, texts: Sequence[str], whole_dev: bool = False) -> list:
+        """``Scored`` candidates, measured across the workers, in the order given."""
+        chunks = self._assign(texts)
+        results = self._run({w: lambda worker, part=[texts[j] for j in chunk]: worker.measure.remote(part, whole_dev)
+                             for w, chunk in chunks.items()})
+        return self._gather(len(texts), chunks, results)
+
+    def evaluate(self, texts: Sequence[str], split: str, latency: bool = True) -> list:
+        """``Evaluation``s across the workers; then, with ``latency``, each valid template is timed on its own
+        (one worker at a time, so the other workers' compute does not inflate the figure)."""
+        chunks = self._assign(texts)
+        results = self._run({w: lambda worker, part=[texts[j] for j in chunk]: worker.evaluate.remote(part, split)
+                             for w, chunk in chunks.items()})
+        evaluations = self._gather(len(texts), chunks, results)
+        if latency:
+            for text, ev in zip(texts, evaluations):
+                if ev.measured.valid:
+                    home = self._home[text]
+                    ev.latency = self._run({home: lambda worker: worker.latency.remote(text, split)})[home]
+        return evaluations
+
+    def _assign(self, texts: Sequence[str]) -> dict[int, list[int]]:
+        """Indices of ``texts`` per worker (workers with nothing to do left out): a template goes back to the
+        worker that scored it before (its cache answers the pairs already scored), a new one to the worker
+        with the least work."""
         chunks: list[list[int]] = [[] for _ in self.workers]
         new = []
         for j, text in enumerate(texts):
@@ -127,41 +135,20 @@ class ScoringPool:
             worker = min(range(len(chunks)), key=lambda w: len(chunks[w]))
             chunks[worker].append(j)
             self._home[texts[j]] = worker
-        return chunks
+        return {w: chunk for w, chunk in enumerate(chunks) if chunk}
 
-    def _scatter(self, name: str, texts: Sequence[str], *args) -> list:
-        chunks = self._assign(texts)
-        results = self._call_all([(name, ([texts[j] for j in chunk], *args)) for chunk in chunks])
-        out: list = [None] * len(texts)
-        for chunk, values in zip(chunks, results):
-            for j, value in zip(chunk, values or []):
+    @staticmethod
+    def _gather(n: int, chunks: dict[int, list[int]], results: dict[int, list]) -> list:
+        out: list = [None] * n
+        for w, chunk in chunks.items():
+            for j, value in zip(chunk, results[w]):
                 out[j] = value
         return out
 
-    def measure(self, texts: Sequence[str], robustness: bool = True, whole_dev: bool = False) -> list:
-        """Measure candidates across the workers, in the order given."""
-        return self._scatter("measure", texts, robustness, whole_dev)
-
-    def evaluate(self, texts: Sequence[str], split: str, latency: bool = True) -> list:
-        """Evaluate templates across the workers; then, with ``latency``, time each valid one on its own
-        (one worker at a time, so the other workers' compute does not inflate the figure)."""
-        evaluations = self._scatter("evaluate", texts, split)
-        if latency:
-            for text, ev in zip(texts, evaluations):
-                if ev.measured.valid:
-                    (timed,) = self._run({self._home[text]: ("latency", (text, split))}).values()
-                    ev.latency_ms, ev.render_us_p99 = timed
-        return evaluations
-
-    def _call_all(self, calls: list[tuple[str, tuple]]) -> list:
-        """Run calls[i] on worker i; see ``_run``."""
-        results = self._run(dict(enumerate(calls)))
-        return [results[i] for i in range(len(calls))]
-
-    def _run(self, calls: dict[int, tuple[str, tuple]]) -> dict:
+    def _run(self, calls: dict[int, Call]) -> dict:
         """Run calls[i] on worker i, concurrently; replace a worker that dies and run its call again."""
         results: dict = {}
-        pending = {i: self._submit(i, call) for i, call in calls.items()}
+        pending = {i: call(self.workers[i]) for i, call in calls.items()}
         attempts = {i: 0 for i in pending}
         while pending:
             i, ref = next(iter(pending.items()))
@@ -175,20 +162,12 @@ class ScoringPool:
                 log.warning("scoring worker %d died (%s); starting a replacement and retrying", i, type(exc).__name__)
                 self.workers[i] = self._start()
                 self.replaced += 1
-                pending[i] = self._submit(i, calls[i])
+                pending[i] = calls[i](self.workers[i])
             except RayTaskError as exc:
                 raise exc.as_instanceof_cause() from None  # e.g. JudgeError: the worker's own error, unwrapped
         return results
-
-    def _submit(self, i: int, call: tuple[str, tuple]):
-        name, args = call
-        return getattr(self.workers[i], name).remote(*args)
-
-    def stats(self) -> list[dict]:
-        return ray.get([w.stats.remote() for w in self.workers])
 
     def shutdown(self) -> None:
         for worker in self.workers:
             ray.kill(worker)
         self.workers = []
-

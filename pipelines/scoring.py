@@ -1,12 +1,13 @@
 """Scoring candidate templates: validity, the target model's metric, robustness, the judge, length, latency.
 
-``CandidateScorer`` holds one target model (and the judge, by default the same model, so no extra memory)
-and turns candidate template texts into ``Measured`` records, which ``rewards.weighting.weigh`` turns into
-rewards. It runs in-process; ``pipelines/ray_scoring.py`` runs copies of it in Ray actors.
+``build_scorer`` is the one way a ``CandidateScorer`` is made: by the Ray scoring workers
+(``pipelines/ray_scoring.py``), the OpenRLHF reward file (``rewards/openrlhf_reward.py``) and the CLI
+(``eval``, ``check``). It loads or reaches the target and judge models (local models, or OpenAI-compatible
+endpoints) and binds the task's reward components once.
 
 Two modes:
 * ``measure`` (the tuning loop): the dev split, the reward metric (ROC-AUC by default, threshold-free),
-  robustness on a dev sample, the judge. No calibration pass.
+  robustness on a dev sample, the judge, and the weighted reward. No calibration pass.
 * ``evaluate`` (``tune-prompts eval``, final tables, the promotion gate): any split, the decision rule of the
   task (a threshold fitted on train examples, or argmax), every metric, per-request latency and render time.
 """
@@ -16,20 +17,28 @@ from __future__ import annotations
 import hashlib
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
-from pipelines.config import TaskConfig
+from pipelines.config import Endpoint, ModelSource, TaskConfig
 from pipelines.data import Example, Splits
-from pipelines.engine.models import LoadedLM
-from pipelines.engine.target import LabelScorer, prompt_frame
+from pipelines.engine.models import LoadedLM, load_causal_lm, load_tokenizer
 from rewards import promptbench_metrics as pbm
 from rewards.components import Measured, components_for
 from rewards.judge import JUDGE_VERBALIZERS, Judge
-from rewards.weighting import Reward, check_weights, weigh
+from rewards.weighting import Reward, weigh
 from templates.template import Template, validate_candidate
+
+
+@dataclass(frozen=True)
+class Scored:
+    """One candidate measured on the dev split, and its reward."""
+
+    measured: Measured
+    reward: Reward
+    target_calls: int = 0  # (template, example) pairs the target model computed for it; cached pairs are free
 
 
 @dataclass
@@ -41,61 +50,78 @@ class Evaluation:
     split: str
     n_examples: int
     threshold: float | None
-    latency_ms: dict[str, float] = field(default_factory=dict)  # p50/p95 of one request, one at a time
-    render_us_p99: float | None = None
+    latency: Latency | None = None  # measured for valid templates unless asked not to
+
+
+@dataclass(frozen=True)
+class Latency:
+    """What a service sees of one template: requests one at a time, no cache (failed ones are left out of the
+    percentiles and counted in ``error_rate``), and the time to render it."""
+
+    p50_ms: float
+    p95_ms: float
+    error_rate: float
+    render_us_p99: float
 
 
 def _reward_chance(task: TaskConfig) -> float:
     return 0.5 if task.scoring.reward_metric == "roc_auc" else 1.0 / len(task.labels)
 
 
-def _prebuilt(scorer, verbalizers: list[str], role: str):
-    """A label scorer passed in ready-made: it must answer with the words this role reads."""
-    if not callable(getattr(scorer, "score", None)):
-        raise TypeError(f"the {role} must be a LoadedLM or a label scorer with score(template, texts), not {scorer!r}")
-    if list(scorer.verbalizers) != verbalizers:
-        raise ValueError(f"the {role} scorer answers {list(scorer.verbalizers)}; it must answer {verbalizers}")
-    return scorer
+def build_scorer(task: TaskConfig, splits: Splits, target: ModelSource | LoadedLM,
+                 judge: ModelSource | LoadedLM | None = None, *, reward_examples: int | None = None) -> "CandidateScorer":
+    """A ``CandidateScorer`` for ``task``: the one place that turns model sources into label scorers.
+
+    ``target`` and ``judge``: a model id or folder (or ``EMBEDDED``), loaded here; a model already loaded; or an
+    ``Endpoint``, checked with ``GET /models`` before anything is scored. ``judge=None`` means the target model
+    judges; when its answer words are the judge's (yes/no), both share one scorer and its pair cache.
+    ``reward_examples``: how many dev examples (the first ones) ``measure`` scores; None: all of them.
+    """
+    target_model = _load(target)
+    target_scorer = _label_scorer(target_model, task.verbalizers, task, chat_template=task.template.chat_template)
+    judge_model = target_model if judge is None or judge == target else _load(judge)
+    if judge_model is target_model and task.verbalizers == list(JUDGE_VERBALIZERS):
+        judge_scorer = target_scorer
+    else:
+        judge_scorer = _label_scorer(judge_model, list(JUDGE_VERBALIZERS), task, chat_template=True)
+    # A server owns an endpoint's model: template tokens are counted with the embedded model's tokenizer.
+    tokenizer = target_model.tokenizer if isinstance(target_model, LoadedLM) else load_tokenizer()
+    return CandidateScorer(task, splits, target_scorer, judge_scorer, tokenizer, reward_examples=reward_examples)
+
+
+def _load(source: ModelSource | LoadedLM) -> LoadedLM | Endpoint:
+    return load_causal_lm(source) if isinstance(source, str) else source
+
+
+def _label_scorer(model: LoadedLM | Endpoint, verbalizers: list[str], task: TaskConfig, *, chat_template: bool):
+    from pipelines.engine.endpoints import make_label_scorer
+
+    if isinstance(model, Endpoint):
+        scorer = make_label_scorer(model.url, verbalizers, model=model.model, chat_template=chat_template,
+                                   api_key_env=model.api_key_env)
+        scorer.check()  # the server answers and serves the model, before any work starts
+        return scorer
+    return make_label_scorer(model, verbalizers, chat_template=chat_template, batch_size=task.scoring.batch_size)
 
 
 class CandidateScorer:
-    def __init__(self, task: TaskConfig, splits: Splits, target, judge_lm=None, *, reward_examples: int | None = None):
-        """``reward_examples``: how many dev examples (from the start of the split) ``measure`` scores by
-        default; None: all of them. ``target`` and ``judge_lm``: a ``LoadedLM`` (scored in-process by ``LabelScorer``) or a prebuilt
-        label scorer, anything with ``score(template, texts)`` and ``verbalizers`` (e.g. an
-        ``EndpointLabelScorer`` from ``pipelines.engine.endpoints.make_label_scorer``). A prebuilt target scorer must
-        use the task's verbalizers in label order; a prebuilt judge scorer, ``JUDGE_VERBALIZERS``."""
-        # Weights and reward functions must match before any model work starts.
-        self.components = components_for(task.judge.rubrics)
-        check_weights(task.reward.weights, self.components)
+    def __init__(self, task: TaskConfig, splits: Splits, target, judge, tokenizer, *, reward_examples: int | None = None):
+        """``target`` and ``judge``: label scorers, anything with ``score(template, texts) -> log-probs``,
+        ``verbalizers`` and ``stats`` (``LabelScorer``, ``EndpointLabelScorer``); the target answers with the
+        task's verbalizers in label order, the judge with ``JUDGE_VERBALIZERS``. ``build_scorer`` makes them."""
+        for scorer, words, role in ((target, task.verbalizers, "target"), (judge, list(JUDGE_VERBALIZERS), "judge")):
+            if list(getattr(scorer, "verbalizers", ())) != words:
+                raise ValueError(f"the {role} scorer answers {list(getattr(scorer, 'verbalizers', ()))}; it must answer {words}")
+        self.components = components_for(task.judge.rubrics)  # the weights were checked against them at task load
         self.task = task
         self.splits = splits
         self.labels = list(task.labels)
         self.positive = self.labels.index(task.positive_label)
+        self.target = target
+        self.judge_scorer = judge
+        self.judge = Judge(task.judge.rubrics, judge.score, task.judge.max_errors)
+        self.tokenizer = tokenizer
         cfg = task.scoring
-        verbalizers = [task.labels[name].verbalizer for name in self.labels]
-        if isinstance(target, LoadedLM):
-            self.target = LabelScorer(target, verbalizers, chat_template=task.template.chat_template,
-                                      batch_size=cfg.batch_size)
-        else:
-            self.target = _prebuilt(target, verbalizers, "target")
-        judge_lm = judge_lm or target
-        if judge_lm is target and self.target.verbalizers == list(JUDGE_VERBALIZERS):
-            self.judge_scorer = self.target  # same model, same answer words: share the scorer and its cache
-        elif isinstance(judge_lm, LoadedLM):
-            self.judge_scorer = LabelScorer(judge_lm, list(JUDGE_VERBALIZERS), batch_size=cfg.batch_size)
-        elif judge_lm is target:
-            raise ValueError(f"the target scorer answers {self.target.verbalizers}, the judge needs "
-                             f"{list(JUDGE_VERBALIZERS)}: pass a judge scorer built with JUDGE_VERBALIZERS")
-        else:
-            self.judge_scorer = _prebuilt(judge_lm, list(JUDGE_VERBALIZERS), "judge")
-        self.judge = Judge(task.judge.rubrics, self.judge_scorer.score, task.judge.max_errors)
-        if isinstance(target, LoadedLM):
-            self.tokenizer = target.tokenizer
-        else:  # a server owns the target model: count template tokens with the embedded model's tokenizer
-            from pipelines.engine.models import load_tokenizer
-
-            self.tokenizer = load_tokenizer()
         self.dev = list(splits.dev)[:reward_examples] if reward_examples else list(splits.dev)
         rng = random.Random(task.split.seed)
         self.robust_sample = rng.sample(self.dev, min(cfg.robustness_examples, len(self.dev)))
@@ -110,9 +136,11 @@ class CandidateScorer:
 
     def log_odds(self, template: Template, examples: Sequence[Example]) -> np.ndarray:
         """Positive-label log-odds per example (log P(positive) - log P(not positive), over the labels)."""
-        lp = self.target.score(template, [e.text for e in examples])
-        others = np.delete(lp, self.positive, axis=1)
-        return lp[:, self.positive] - np.logaddexp.reduce(others, axis=1)
+        return self._positive_log_odds(self.target.score(template, [e.text for e in examples]))
+
+    def _positive_log_odds(self, logprobs: np.ndarray) -> np.ndarray:
+        others = np.delete(logprobs, self.positive, axis=1)
+        return logprobs[:, self.positive] - np.logaddexp.reduce(others, axis=1)
 
     def _reward_metric(self, log_odds: np.ndarray, examples: Sequence[Example]) -> float:
         return pbm.roc_auc(log_odds, [e.label == self.task.positive_label for e in examples])
@@ -141,36 +169,38 @@ class CandidateScorer:
         return out
 
     # --- the tuning loop's entry point --------------------------------------------------------------
-    def measure(self, texts: Sequence[str], *, robustness: bool = True, whole_dev: bool = False) -> list[Measured]:
-        """Measure candidate template texts on the dev sample, or on the whole dev split with ``whole_dev``
-        (invalid ones are marked, not raised). Robustness always uses the same small dev sample."""
+    def measure(self, texts: Sequence[str], *, whole_dev: bool = False) -> list[Scored]:
+        """Measure and weigh candidate template texts on the dev sample, or on the whole dev split with
+        ``whole_dev`` (invalid ones are marked, not raised). Robustness always uses the same small dev sample."""
         cfg = self.task
         dev = list(self.splits.dev) if whole_dev else self.dev
-        results: list[Measured | None] = [None] * len(texts)
+        results: list[Scored | None] = [None] * len(texts)
         valid: list[tuple[int, Template, int]] = []
         for i, text in enumerate(texts):
             check = self.validate(text)
             if not check.ok:
-                results[i] = Measured(template=text, valid=False, reasons=check.reasons, tokens=check.tokens,
-                                      max_tokens=cfg.template.max_tokens, reward_metric=cfg.scoring.reward_metric)
+                m = Measured(template=text, valid=False, reasons=check.reasons, tokens=check.tokens,
+                             max_tokens=cfg.template.max_tokens, reward_metric=cfg.scoring.reward_metric)
+                results[i] = Scored(m, self.reward(m))
             else:
                 valid.append((i, check.template, check.tokens))
         t0 = time.perf_counter()
         judged = self.judge([t.text for _, t, _ in valid]) if valid else []
         judge_s = (time.perf_counter() - t0) / max(1, len(valid))
         for (i, template, tokens), judge in zip(valid, judged):
+            computed_before = self.target.stats.pairs_scored
             t0 = time.perf_counter()
-            odds = self.log_odds(template, dev)
-            metric = self._reward_metric(odds, dev)
+            metric = self._reward_metric(self.log_odds(template, dev), dev)
             t1 = time.perf_counter()
-            pdr = self.robustness_pdr(template) if robustness else {}
+            pdr = self.robustness_pdr(template)
             t2 = time.perf_counter()
-            results[i] = Measured(
+            m = Measured(
                 template=template.text, valid=True, tokens=tokens, max_tokens=cfg.template.max_tokens,
                 metrics={cfg.scoring.reward_metric: metric}, reward_metric=cfg.scoring.reward_metric,
                 chance=_reward_chance(cfg), pdr=pdr, judge=judge,
                 timing={"target_s": t1 - t0, "robustness_s": t2 - t1, "judge_s": judge_s},
             )
+            results[i] = Scored(m, self.reward(m), self.target.stats.pairs_scored - computed_before)
         return results  # type: ignore[return-value]
 
     def reward(self, m: Measured) -> Reward:
@@ -185,31 +215,13 @@ class CandidateScorer:
 
     def predict(self, template: Template, examples: Sequence[Example], threshold: float | None):
         lp = self.target.score(template, [e.text for e in examples])
-        others = np.delete(lp, self.positive, axis=1)
-        odds = lp[:, self.positive] - np.logaddexp.reduce(others, axis=1)
+        odds = self._positive_log_odds(lp)
         if threshold is None:
             preds = [self.labels[j] for j in lp.argmax(axis=1)]
         else:
             negative = [label for label in self.labels if label != self.task.positive_label][0]
             preds = [self.task.positive_label if o > threshold else negative for o in odds]
         return preds, odds
-
-    def request_latency_ms(self, template: Template, examples: Sequence[Example], n: int = 12) -> dict[str, float]:
-        """What a service sees: one request at a time, the whole prompt, no cache."""
-        if not isinstance(self.target, LabelScorer):  # an endpoint times its own requests
-            return self.target.request_latency_ms(template, [e.text for e in examples], n)
-        import torch
-
-        lm = self.target.lm
-        before, after = prompt_frame(lm.tokenizer, template, self.task.template.chat_template)
-        samples = []
-        with torch.inference_mode():
-            for example in list(examples)[:n]:
-                t0 = time.perf_counter()
-                ids = lm.tokenizer(before + example.text + after, return_tensors="pt", add_special_tokens=False).input_ids
-                lm.model(input_ids=ids, logits_to_keep=1)
-                samples.append((time.perf_counter() - t0) * 1000)
-        return {"p50": float(np.percentile(samples, 50)), "p95": float(np.percentile(samples, 95))}
 
     def render_us_p99(self, template: Template, examples: Sequence[Example], repeats: int = 2000) -> float:
         values = [{self.task.input_variable: e.text} for e in examples[:50]]
@@ -253,6 +265,12 @@ class CandidateScorer:
         )
         result = Evaluation(m, self.reward(m), split, len(examples), threshold)
         if latency:
-            result.latency_ms = self.request_latency_ms(template, examples)
-            result.render_us_p99 = self.render_us_p99(template, examples)
+            result.latency = self.latency(template, split)
         return result
+
+    def latency(self, template: Template, split: str, n_requests: int = 12) -> Latency:
+        """Time one valid template on a split (apart from ``evaluate``, so a pool can run it on one worker at
+        a time, without other workers' compute inflating the figure)."""
+        examples = list(self.splits[split])
+        probe = self.target.request_latency_ms(template, [e.text for e in examples], n_requests)
+        return Latency(probe["p50"], probe["p95"], probe["error_rate"], self.render_us_p99(template, examples))

@@ -5,9 +5,9 @@ openrlhf loads this file by path in each vLLM engine process (``openrlhf/utils/a
 ``queries[i]`` is the prompt and the sampled response decoded together with their special tokens,
 ``prompts[i]`` the prompt string (the meta-prompt inside the policy's chat template). This file scores the
 response with the same code as the local loop: the reply becomes a candidate template
-(``pipelines.generation.candidate_text``), ``CandidateScorer.measure`` measures it on the dev split and
-``CandidateScorer.reward`` weighs the components. An unusable candidate is not an error: it gets the task's
-invalid penalty, as in the local loop.
+(``pipelines.generation.candidate_text``), and ``CandidateScorer.measure`` measures it on the dev split and
+weighs the components. An unusable candidate is not an error: it gets the task's invalid penalty, as in the
+local loop.
 
 Settings: ``reward_settings.json`` next to this file (``TUNE_PROMPTS_REWARD_SETTINGS`` may point elsewhere),
 written by ``pipelines/openrlhf_job.py``. Keys:
@@ -15,7 +15,8 @@ written by ``pipelines/openrlhf_job.py``. Keys:
 * ``task``: the task config as a mapping (what ``prepare_job`` writes, with ``task_base_dir`` for its
   relative paths), or a built-in task name, or a task YAML path (relative to the settings file);
 * ``task_overrides``: optional dotted overrides, e.g. ``{"scoring.robustness_examples": 8}``;
-* ``target_model``, ``judge_model`` (null: the target): model specs as for ``tune-prompts``;
+* ``target``, ``judge`` (null: the target judges): a model id or path as for ``tune-prompts``, or
+  ``{"url": ..., "model": ..., "api_key_env": ...}`` for a model served over an OpenAI-compatible API;
 * ``dev_examples``: dev examples in each reward (null: the whole dev split);
 * ``end_tokens``: strings that end a response (chat end-of-turn and eos tokens); the response is cut at the first;
 * ``max_failures``: failures this process tolerates before it exits (default 5).
@@ -99,20 +100,24 @@ def _task(settings: dict):
     return task.with_overrides(**overrides) if overrides else task
 
 
+def model_source(spec):
+    """A model source from the settings: a model id or path, or ``{"url", "model", "api_key_env"}`` for a served one."""
+    from pipelines.config import Endpoint
+
+    return Endpoint(**spec) if isinstance(spec, dict) else spec
+
+
 def _build_scorer(settings: dict):
-    """The same scorer the local loop's Ray workers hold (pipelines/ray_scoring.py::ScoringWorker)."""
+    """The scorer the local loop's Ray workers hold, built the same way (``pipelines.scoring.build_scorer``)."""
+    from pipelines.config import EMBEDDED
     from pipelines.data import load_splits
-    from pipelines.engine.models import EMBEDDED, load_causal_lm
-    from pipelines.scoring import CandidateScorer
+    from pipelines.scoring import build_scorer
 
     task = _task(settings)
-    splits = load_splits(task)
-    target_model = settings.get("target_model") or EMBEDDED
-    judge_model = settings.get("judge_model")
-    target = load_causal_lm(target_model)
-    judge = load_causal_lm(judge_model) if judge_model and judge_model != target_model else None
-    scorer = CandidateScorer(task, splits, target, judge, reward_examples=settings.get("dev_examples"))
-    log.info("reward scorer ready: task %s, target %s, %d dev examples", task.name, target_model, len(scorer.dev))
+    target = model_source(settings.get("target") or EMBEDDED)
+    judge = model_source(settings["judge"]) if settings.get("judge") else None
+    scorer = build_scorer(task, load_splits(task), target, judge, reward_examples=settings.get("dev_examples"))
+    log.info("reward scorer ready: task %s, target %s, %d dev examples", task.name, target, len(scorer.dev))
     return scorer
 
 
@@ -142,7 +147,7 @@ def _score(queries: list[str], prompts: list[str]) -> dict:
         _state["scorer"] = _build_scorer(settings)
     scorer = _state["scorer"]
     texts = [candidate_text(scorer.task, response) for response in responses]
-    rewards = [scorer.reward(m) for m in scorer.measure(texts)]
+    rewards = [scored.reward for scored in scorer.measure(texts)]
     totals = [r.total for r in rewards]
     if not all(math.isfinite(t) for t in totals):
         raise ValueError(f"reward is not finite: {totals} for candidates {texts}")

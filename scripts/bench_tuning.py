@@ -29,30 +29,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pipelines.cli import quiet_libraries, table  # noqa: E402
 
 
-def best_of_n(task, splits, n: int, options, pool) -> tuple[dict, int, float]:
-    from pipelines import openrlhf_adapter as rl
+def best_of_n(task, n: int, options, pool) -> tuple[dict, int, float]:
+    from pipelines.engine.models import load_causal_lm
     from pipelines.generation import candidate_text, meta_prompt
     from pipelines.loop import select_finalists
-    from pipelines.engine.models import load_causal_lm
-    from rewards.components import components_for
-    from rewards.weighting import weigh
+    from pipelines.rl import ppo as rl
 
     started = time.perf_counter()
     policy = load_causal_lm(options.policy_model)
-    components = components_for(task.judge.rubrics)
     prompt = meta_prompt(task, task.template.seed_instruction, {})
     texts: list[str] = []
-    batch = task.generation.candidates_per_step
-    for step in range(0, n, batch):  # the same sampling settings and seeds as the PPO run's steps
-        sampled = rl.sample(policy.model, policy.tokenizer, [prompt] * batch, options.max_new_tokens,
-                            task.generation.temperature, task.generation.top_p, seed=options.seed * 100_003 + step // batch)
+    gen = task.generation
+    for step in range(0, n, gen.candidates_per_step):  # the same sampling settings and seeds as the PPO run's steps
+        sampled = rl.sample(policy.model, policy.tokenizer, [prompt] * gen.candidates_per_step,
+                            task.template.max_instruction_tokens, gen.temperature, gen.top_p,
+                            seed=task.ppo.seed * 100_003 + step // gen.candidates_per_step)
         texts += [candidate_text(task, reply) for reply in sampled.texts]
-    measured = pool.measure(texts)
-    calls = sum(options.dev_examples + 2 * task.scoring.robustness_examples for m in measured if m.valid)
-    rewards = [weigh(m, task.reward.weights, components, task.reward.invalid_penalty).total for m in measured]
-    ranked = sorted({texts[i]: rewards[i] for i in range(len(texts)) if measured[i].valid}.items(), key=lambda kv: -kv[1])
-    finalists, shortlist = select_finalists(task, pool, [text for text, _ in ranked], options.finalists)
-    calls += len(shortlist) * len(splits.dev)
+    scored = pool.measure(texts)
+    calls = sum(s.target_calls for s in scored)
+    rewards = {s.measured.template: s.reward.total for s in scored if s.measured.valid}
+    ranked = sorted(rewards, key=lambda text: -rewards[text])
+    finalists, shortlist = select_finalists(task, pool, ranked, options.finalists)
+    calls += sum(row["target_calls"] for row in shortlist)
     (ev,) = pool.evaluate(finalists[:1], "test", latency=False)
     return ev, calls, time.perf_counter() - started
 
@@ -68,15 +66,15 @@ def main() -> int:
 
     from pipelines.config import load_task
     from pipelines.data import load_splits
-    from pipelines.loop import RunOptions, tune
+    from pipelines.config import RunOptions
+    from pipelines.loop import tune
     from pipelines.ray_scoring import ScoringPool, init_ray
 
     rows = []
     for name in args.tasks:
-        task = load_task(name)
+        task = load_task(name).with_overrides(**{"ppo.seed": args.seed})
         with tempfile.TemporaryDirectory() as tmp:
-            options = RunOptions(steps=args.steps, run_dir=str(Path(tmp) / "run"), seed=args.seed, wandb_mode="disabled",
-                                 progress=True)
+            options = RunOptions(steps=args.steps, run_dir=str(Path(tmp) / "run"), wandb_mode="disabled", progress=True)
             started = time.perf_counter()
             report = tune(task, options, log=lambda *a: print(*a, file=sys.stderr))
             ppo_s = time.perf_counter() - started
@@ -84,10 +82,10 @@ def main() -> int:
         ppo_row = report["test"][1]  # the first finalist, chosen by whole-dev reward, never on test
         splits = load_splits(task)
         init_ray()
-        pool = ScoringPool(task, splits, target_model=options.target_model, num_workers=options.num_scorers,
+        pool = ScoringPool(task, splits, target=options.target, num_workers=options.num_scorers,
                            reward_examples=options.dev_examples)
         n = args.steps * task.generation.candidates_per_step
-        ev, calls, bon_s = best_of_n(task, splits, n, options, pool)
+        ev, calls, bon_s = best_of_n(task, n, options, pool)
         pool.shutdown()
         metric = task.scoring.metric
         rows.append({"task": name, "method": "seed", metric: seed_row[metric], "roc_auc": seed_row["roc_auc"],
@@ -100,7 +98,7 @@ def main() -> int:
                      "wall_s": round(ppo_s, 1), "instruction": ppo_row["instruction"]})
         print(table([r for r in rows if r["task"] == name], ["task", "method", metric, "roc_auc", "target_calls", "wall_s"]),
               flush=True)
-    print("\nheld-out test split, threshold fitted on train; target_calls = (template, example) pairs scored for the reward")
+    print("\nheld-out test split, threshold fitted on train; target_calls = (template, example) pairs the target computed for rewards and selection")
     print(table(rows, ["task", "method", "balanced_accuracy", "roc_auc", "target_calls", "wall_s"]))
     for r in rows:
         print(f"  {r['task']:<9} {r['method']:<32} {r['instruction'][:110]!r}")

@@ -9,25 +9,23 @@ is used instead of ``value < bar`` so that NaN never slips through a comparison.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping, Sequence
 
 
 @dataclass(frozen=True)
 class PromotionConfig:
-    """Bars a candidate template must clear before it can become ``production``."""
+    """Bars a candidate template must clear before it can become ``production``. No defaults here: a task's
+    bars come from its task file (``pipelines.config.PromotionSettings`` holds the defaults)."""
 
-    # Minimum score per reward component. The default is the risk task's bar; other tasks set theirs in the task file.
-    thresholds: Mapping[str, float] = field(
-        default_factory=lambda: {"instruction_following": 0.82, "entity_consistency": 0.78}
-    )
-    metric: str = "balanced_accuracy"  # the held-out metric compared with the incumbent's
-    min_improvement: float = 0.01  # the candidate must beat the incumbent's held-out metric by at least this much
-    max_template_tokens: int = 512
-    max_latency_p95_increase: float = 0.2  # fraction: 0.2 allows a p95 up to 1.2x the incumbent's
-    max_render_us: float = 80.0  # p99 of one render, in microseconds
-    max_error_rate: float = 0.02  # fraction of calls that errored
+    thresholds: Mapping[str, float]  # minimum held-out score per reward component
+    metric: str  # the held-out metric compared with the incumbent's
+    min_improvement: float  # the candidate must beat the incumbent's held-out metric by at least this much
+    max_template_tokens: int
+    max_latency_p95_increase: float  # fraction: 0.2 allows a p95 up to 1.2x the incumbent's
+    max_render_us: float  # p99 of one render, in microseconds
+    max_error_rate: float  # fraction of requests that failed
 
     def __post_init__(self) -> None:
         for name, minimum in self.thresholds.items():

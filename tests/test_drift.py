@@ -108,9 +108,9 @@ def test_metric_bar_defaults_to_the_recorded_figure_minus_max_drop(server, small
 def test_tune_if_below_starts_a_tuning_run_into_the_same_store(server, small_task, store, monkeypatch, capsys):
     seen = {}
 
-    def fake_tune(args):
-        seen.update(vars(args))
-        return 7
+    def fake_run_tuning(task, options, *, resume, json_output):
+        seen.update(task=task, options=options, resume=resume, json_output=json_output)
+        return {"steps": options.steps}
 
     real_make_scorer = cli.make_scorer
 
@@ -118,12 +118,17 @@ def test_tune_if_below_starts_a_tuning_run_into_the_same_store(server, small_tas
         args.target_url, args.target_model = server.base_url, "scripted"
         return real_make_scorer(args, task, splits)
 
-    monkeypatch.setattr(cli, "cmd_tune", fake_tune)
+    monkeypatch.setattr(cli, "run_tuning", fake_run_tuning)
     monkeypatch.setattr(cli, "make_scorer", scorer_via_server)
-    assert cli.main(["--steps", "3", "--num-scorers", "2", "check", "--task", small_task, "--store", store,
-                     "--min-metric", "0.999", "--tune-if-below"]) == 7  # the tuning run's exit code
-    assert seen["store"] == store and seen["no_store"] is False and seen["task"] == small_task
-    assert (seen["steps"], seen["num_scorers"], seen["backend"]) == (3, 2, "local")  # cmd_tune's own flags and defaults
+    assert cli.main(["--steps", "3", "--num-scorers", "2", "--seed", "5", "check", "--task", small_task, "--store", store,
+                     "--min-metric", "0.999", "--tune-if-below", "--json"]) == 0  # the tuning run completed
+    options = seen["options"]
+    assert options.store_url == store and options.promote and seen["task"].name == "risk"
+    assert (options.steps, options.num_scorers, seen["task"].ppo.seed) == (3, 2, 5)  # the tuning flags reach the run
+    report = json.loads(capsys.readouterr().out)
+    assert report["passed"] is False and report["tuning"] == {"steps": 3}  # one JSON document with the run inside
+    seen.clear()
+    assert cli.main(["check", "--task", small_task, "--store", store, "--min-metric", "0.999", "--tune-if-below"]) == 0
     assert "tuning risk (--tune-if-below)" in capsys.readouterr().out
     seen.clear()
     assert cli.main(["check", "--task", small_task, "--store", store, "--min-metric", "0.5", "--tune-if-below"]) == 0

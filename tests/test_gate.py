@@ -147,12 +147,12 @@ def test_percentile_is_nearest_rank():
 )
 def test_config_validation_names_the_fix(field, value, message):
     with pytest.raises(ValueError, match=message):
-        PromotionConfig(**{field: value})
+        replace(CONFIG, **{field: value})
 
 
 def test_config_is_frozen_and_keeps_its_own_copy_of_thresholds():
     thresholds = {"instruction_following": 0.5}
-    config = PromotionConfig(thresholds=thresholds)
+    config = replace(CONFIG, thresholds=thresholds)
     thresholds["instruction_following"] = 0.99
     assert config.thresholds["instruction_following"] == 0.5
     with pytest.raises(TypeError):

@@ -158,7 +158,7 @@ def test_openrlhf_scores_a_real_rollout_with_the_same_reward_as_the_local_scorer
     from pipelines.data import load_splits
     from pipelines.generation import candidate_text
     from pipelines.engine.models import load_causal_lm, load_tokenizer
-    from pipelines.scoring import CandidateScorer
+    from pipelines.scoring import build_scorer
 
     run_dir = tmp_path / "run"
     assert _dry_run(run_dir) == 0
@@ -177,9 +177,9 @@ def test_openrlhf_scores_a_real_rollout_with_the_same_reward_as_the_local_scorer
     task = load_task("risk").with_overrides(**overrides)
     splits = load_splits(task)
     splits = type(splits)(splits.train, splits.dev[:16], splits.test)
-    scorer = CandidateScorer(task, splits, load_causal_lm())
-    (measured,) = scorer.measure([candidate_text(task, REPLY)])
-    expected = scorer.reward(measured)
+    scorer = build_scorer(task, splits, load_causal_lm())
+    (scored,) = scorer.measure([candidate_text(task, REPLY)])
+    expected = scored.reward
     assert expected.valid
 
     assert output["reward"] is not None, "openrlhf got no reward (an exception in reward_func is logged at INFO only)"

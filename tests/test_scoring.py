@@ -5,7 +5,7 @@ import copy
 import numpy as np
 import pytest
 
-from pipelines.config import load_task
+from pipelines.config import ConfigError, load_task
 from pipelines.data import load_splits
 from rewards import promptbench_metrics as pbm
 from rewards.components import Measured, components_for, robustness, task_metric
@@ -61,10 +61,8 @@ def test_weighting_rejects_a_mismatch_at_start_up():
     with pytest.raises(TypeError, match="one Measured argument"):
         check_weights({"task_metric": 1.0}, {**components, "bad": lambda a, b: 0.0})
     task = load_task("risk")
-    from pipelines.scoring import CandidateScorer
-
-    with pytest.raises(ValueError, match="unknown component"):  # before any model is touched
-        CandidateScorer(task.with_overrides(**{"reward.weights": {"task_metric": 1.0, "typo": 1.0}}), None, None)
+    with pytest.raises(ConfigError, match="unknown component"):  # when the task is loaded, before any model
+        task.with_overrides(**{"reward.weights": {"task_metric": 1.0, "typo": 1.0}})
 
 
 @pytest.mark.parametrize(
@@ -317,19 +315,24 @@ def test_fast_scorer_matches_naive_in_bfloat16_and_cache_is_identical(risk, lm_b
 
 @pytest.mark.e2e
 def test_candidate_scorer_measures_every_component(risk, lm_bf16):
-    from pipelines.scoring import CandidateScorer
+    from pipelines.scoring import build_scorer
 
     task, splits = risk
     task = task.with_overrides(**{"scoring.robustness_examples": 8})
     small = type(splits)(splits.train[:16], splits.dev[:16], splits.test[:16])
-    scorer = CandidateScorer(task, small, lm_bf16)
+    scorer = build_scorer(task, small, lm_bf16)
+    assert scorer.judge_scorer is scorer.target  # yes/no answers: the target judges with the same scorer and cache
     seed = task.seed_template().text
-    measured = scorer.measure([seed, "no placeholder at all", task.compose("Look for prizes and urgent payment requests.")])
-    assert [m.valid for m in measured] == [True, False, True]
-    for m in (measured[0], measured[2]):
+    scored = scorer.measure([seed, "no placeholder at all", task.compose("Look for prizes and urgent payment requests.")])
+    assert [s.measured.valid for s in scored] == [True, False, True]
+    for s in (scored[0], scored[2]):
+        m = s.measured
         assert 0.0 <= m.metrics["roc_auc"] <= 1.0
         assert set(m.pdr) == {"checklist", "stresstest"}
         assert set(m.judge) == set(task.judge.rubrics) and all(0 < v < 1 for v in m.judge.values())
-        reward = scorer.reward(m)
-        assert reward.valid and np.isfinite(reward.total)
-    assert scorer.reward(measured[1]).total == task.reward.invalid_penalty
+        assert s.reward == scorer.reward(m) and s.reward.valid and np.isfinite(s.reward.total)
+    assert scored[1].reward.total == task.reward.invalid_penalty and scored[1].target_calls == 0
+    # Counted by the scorer: 16 dev examples and one perturbed template per attack on the 8-example robustness
+    # sample (its clean pairs are among the dev pairs), unless a perturbation matched the clean template.
+    assert 16 <= scored[0].target_calls <= 16 + 2 * 8
+    assert scorer.measure([seed])[0].target_calls == 0  # a template seen again costs nothing

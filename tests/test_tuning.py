@@ -90,10 +90,10 @@ def test_a_dead_scoring_actor_is_replaced_and_the_step_completes(ray_session):
     task = load_task(SMALL_TASK)
     splits = load_splits(task)
     init_ray()
-    pool = ScoringPool(task, splits, target_model="embedded:smollm2-135m-instruct", num_workers=1)
+    pool = ScoringPool(task, splits, target="embedded:smollm2-135m-instruct", num_workers=1)
     pool.wait_ready()
     texts = [task.seed_template().text, task.compose("Flag prizes, urgent payments and premium numbers as scams.")]
-    first_pid = ray.get(pool.workers[0].pid.remote())
+    first_pid = ray.get(pool.workers[0].ready.remote())
     result = {}
     worker = threading.Thread(target=lambda: result.update(measured=pool.measure(texts)))
     worker.start()
@@ -101,9 +101,9 @@ def test_a_dead_scoring_actor_is_replaced_and_the_step_completes(ray_session):
     ray.kill(pool.workers[0])
     worker.join(timeout=240)
     assert not worker.is_alive()
-    measured = result["measured"]
+    measured = [s.measured for s in result["measured"]]
     assert [m.valid for m in measured] == [True, True] and all(0 <= m.metrics["roc_auc"] <= 1 for m in measured)
-    assert pool.replaced == 1 and ray.get(pool.workers[0].pid.remote()) != first_pid
+    assert pool.replaced == 1 and ray.get(pool.workers[0].ready.remote()) != first_pid
     pool.shutdown()
 
 

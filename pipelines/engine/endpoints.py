@@ -235,14 +235,23 @@ class EndpointLabelScorer:
         return served
 
     def request_latency_ms(self, template: Template, texts: Sequence[str], n: int = 12) -> dict[str, float]:
-        """What a service sees: one request at a time, no cache. p50 and p95 in milliseconds."""
+        """What a service sees: one request at a time, no cache. p50 and p95 in milliseconds over the requests
+        that succeeded, and ``error_rate``: the share that failed after their retries (a fast failure would
+        flatter the percentiles and a timeout swamp them, so failures are gated on their own)."""
         before, after = template.split_at(template.variables[0])
-        samples = []
+        samples, failed = [], 0
         for text in list(texts)[:n]:
             t0 = time.perf_counter()
-            self._score_one(before + text + after)
+            try:
+                self._score_one(before + text + after)
+            except EndpointError:
+                failed += 1
+                continue
             samples.append((time.perf_counter() - t0) * 1000)
-        return {"p50": float(np.percentile(samples, 50)), "p95": float(np.percentile(samples, 95))}
+        nan = float("nan")  # every request failed: no latency, which fails the gate's latency bar too
+        return {"p50": float(np.percentile(samples, 50)) if samples else nan,
+                "p95": float(np.percentile(samples, 95)) if samples else nan,
+                "error_rate": failed / max(1, len(samples) + failed)}
 
     def clear_cache(self) -> None:
         self._cache.clear()

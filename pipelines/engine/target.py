@@ -187,6 +187,19 @@ class LabelScorer:
         self.stats.seconds += time.perf_counter() - started
         return out
 
+    @torch.inference_mode()
+    def request_latency_ms(self, template: Template, texts: list[str], n: int = 12) -> dict[str, float]:
+        """What a service sees: one request at a time, the whole prompt, no cache. p50 and p95 in ms, and
+        ``error_rate`` (always 0 here: an in-process forward pass either runs or raises)."""
+        before, after = prompt_frame(self.lm.tokenizer, template, self.chat_template)
+        samples = []
+        for text in list(texts)[:n]:
+            t0 = time.perf_counter()
+            ids = self.lm.tokenizer(before + text + after, return_tensors="pt", add_special_tokens=False).input_ids
+            self.lm.model(input_ids=ids, logits_to_keep=1)
+            samples.append((time.perf_counter() - t0) * 1000)
+        return {"p50": float(np.percentile(samples, 50)), "p95": float(np.percentile(samples, 95)), "error_rate": 0.0}
+
     def clear_cache(self) -> None:
         """Forget scored pairs and computed prefixes."""
         self._cache.clear()

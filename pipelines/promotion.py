@@ -1,0 +1,76 @@
+"""Promotion bookkeeping: the seed and the chosen candidate go into the store with the gate's decision.
+
+The gate (``templates.gate.decide``) is a pure function of ``Measurements``. A version's record in the store
+holds exactly what the gate reads: ``record`` writes it from an evaluation and ``measurements`` reads it back,
+and the candidate is judged from its own record too. So the incumbent's stored figures and a new candidate's
+fresh ones reach the gate through the same function.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pipelines.config import TaskConfig
+from pipelines.scoring import Evaluation
+from templates.gate import Decision, Measurements, decide
+from templates.store import TemplateStore
+
+SEED_REASON = "pass: seed template, registered as the first production version"
+
+
+def record(ev: Evaluation) -> tuple[dict, dict]:
+    """The store's ``scores`` and ``latency`` for an evaluated template (its held-out figures)."""
+    m, lat = ev.measured, ev.latency
+    test = {**m.metrics, **{k: v for k, v in ev.reward.components.items() if v is not None},
+            "total_reward": ev.reward.total}
+    latency = {"template_tokens": m.tokens,
+               "latency_p50_ms": lat.p50_ms if lat else None, "latency_p95_ms": lat.p95_ms if lat else None,
+               "render_us_p99": lat.render_us_p99 if lat else None, "error_rate": lat.error_rate if lat else None}
+    return {ev.split: test}, latency
+
+
+def measurements(scores: dict, latency: dict, metric: str) -> Measurements:
+    """What the gate reads from a record; a figure that is missing reads as NaN, which fails its bar."""
+    test = scores.get("test", {})
+
+    def figure(value) -> float:
+        return math.nan if value is None else float(value)
+
+    return Measurements(
+        components={k: v for k, v in test.items() if isinstance(v, (int, float))},
+        heldout_metric=figure(test.get(metric)), template_tokens=latency.get("template_tokens") or 0,
+        latency_p95_ms=figure(latency.get("latency_p95_ms")), error_rate=figure(latency.get("error_rate")),
+        render_us_p99=figure(latency.get("render_us_p99")))
+
+
+def promote(task: TaskConfig, store_url: str, evaluations: list[Evaluation], run_id: str, *, allow: bool = True) -> dict:
+    """Record the seed (as the first production version, if the task has none) and the first valid candidate
+    (``evaluations[0]`` is the seed, the rest are candidates, best by dev reward first), with the gate's
+    decision; move production to the candidate if the gate says so and ``allow``."""
+    config = task.promotion_config()
+    seed_ev, candidates = evaluations[0], evaluations[1:]
+    with TemplateStore(store_url) as store:
+        incumbent = store.get_label(task.name, "production")
+        if incumbent is None:
+            scores, latency = record(seed_ev)
+            seed_version = store.add_version(task.name, task.seed_template(), run_id=run_id, scores=scores,
+                                             latency=latency, decision=Decision(True, (SEED_REASON,)))
+            incumbent = store.promote(task.name, seed_version.id, force=True)
+        valid = [ev for ev in candidates if ev.measured.valid]
+        if not valid:
+            return {"promoted": False, "reasons": ["no valid candidate"], "production": incumbent.id}
+        best = valid[0]  # the best by whole-dev reward; picking by the test metric too would bias the comparison
+        # Production compared as measured in this run where it is the seed (same machine, same moment: fair
+        # latency figures), else as stored.
+        fresh = incumbent.template.text == seed_ev.measured.template
+        incumbent_record = record(seed_ev) if fresh else (incumbent.scores or {}, incumbent.latency or {})
+        scores, latency = record(best)
+        decision = decide(measurements(scores, latency, config.metric),
+                          measurements(*incumbent_record, config.metric), config)
+        version = store.add_version(task.name, task.make_template(best.measured.template), parent_id=incumbent.id,
+                                    run_id=run_id, scores=scores, latency=latency, decision=decision)
+        if decision.promote and allow:
+            store.promote(task.name, version.id)
+        production = store.get_label(task.name, "production")
+        return {"version": version.id, "promoted": decision.promote and allow, "reasons": list(decision.reasons),
+                "production": production.id if production else None}
