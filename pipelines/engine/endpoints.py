@@ -244,10 +244,6 @@ class EndpointLabelScorer:
             samples.append((time.perf_counter() - t0) * 1000)
         return {"p50": float(np.percentile(samples, 50)), "p95": float(np.percentile(samples, 95))}
 
-    def clear_cache(self) -> None:
-        self._cache.clear()
-
-
     # --- one pair ------------------------------------------------------------------------------
     def _score_one(self, prompt: str) -> np.ndarray:
         if self.stats.mode != "answers":
