@@ -12,7 +12,7 @@ Layout (the same on SQLite and PostgreSQL, opened by URL: ``sqlite:///PATH`` or
   every UPDATE and DELETE.
 * ``label_history``: every label move ever made, also append-only. A label's current version is
   its newest row (``version_id`` NULL means the label was removed; only the canary is removed,
-  when a promotion ends its ramp). Canary rows also carry the traffic share and the ramp.
+  by ``end_canary`` or when a promotion ends its ramp). Canary rows also carry the traffic share and the ramp.
   Because nothing else changes, ``max(seq)`` of this table is the change counter readers poll:
   it rises in the same transaction as the move it counts and cannot drift from it.
 
