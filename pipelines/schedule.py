@@ -2,8 +2,8 @@
 
 At each tick (a 5-field cron expression, or every N seconds) the scheduler submits one Ray job through the
 cluster's job API (the dashboard address, http://HEAD:8265): by default
-``.venv/bin/tune-prompts check --task TASK --tune-if-below --store URL``, which checks the production template
-on fresh data and starts a tuning run only when it falls below its bars. The job runs on the head in the
+``.venv/bin/tune-prompts check --task TASK --split test --tune-if-below --store URL``, which checks the
+production template on fresh data and starts a tuning run only when it falls below its bars. The job runs on the head in the
 folder where Ray was started (ray_cluster.yaml starts it in ~/tune-prompts, where that path resolves).
 
 Never two at once for one task: a tick while a job for the task is still PENDING or RUNNING on the cluster

@@ -48,13 +48,11 @@ class Judge:
         self.ask = ask
         self.max_errors = max_errors
         self.errors = 0
-        self.calls = 0
 
     def __call__(self, candidates: Sequence[str]) -> list[dict[str, float | None]]:
         """P(yes) per rubric for each candidate; None where the judge failed."""
         out: list[dict[str, float | None]] = [{} for _ in candidates]
         for name, frame in self.frames.items():
-            self.calls += 1
             try:
                 logprobs = np.asarray(self.ask(frame, list(candidates)), dtype=np.float64)
                 if logprobs.shape != (len(candidates), len(JUDGE_VERBALIZERS)):

@@ -63,8 +63,8 @@ class Measurements:
     components: Mapping[str, float]  # reward component -> mean score
     heldout_metric: float  # the config's ``metric`` on the held-out split
     template_tokens: int
-    latency_p95_ms: float  # over successful calls only; see latency_summary
-    error_rate: float  # errored calls / all calls
+    latency_p95_ms: float  # over successful calls only: a fast failure would flatter it, a timeout swamp it
+    error_rate: float  # errored calls / all calls; errored calls are gated here, not in the p95
     render_us_p99: float
 
 
@@ -81,21 +81,6 @@ def percentile(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     rank = max(1, math.ceil(q / 100 * len(ordered)))
     return float(ordered[rank - 1])
-
-
-def latency_summary(samples_ms: Sequence[float], errors: Sequence[bool]) -> tuple[float, float]:
-    """``(latency_p95_ms, error_rate)`` for calls whose latencies and error flags are given in parallel.
-
-    Errored calls are left out of the percentile (a fast failure would flatter it, a timeout would
-    swamp it) and are gated on their own through the error rate. With every call errored the p95 is NaN,
-    which fails the latency check.
-    """
-    if len(samples_ms) != len(errors):
-        raise ValueError(f"latency_summary: {len(samples_ms)} latencies but {len(errors)} error flags; pass one per call")
-    if not samples_ms:
-        raise ValueError("latency_summary: no calls were measured")
-    ok_ms = [ms for ms, errored in zip(samples_ms, errors) if not errored]
-    return percentile(ok_ms, 95), sum(map(bool, errors)) / len(errors)
 
 
 def decide(candidate: Measurements, incumbent: Measurements | None, config: PromotionConfig) -> Decision:
@@ -122,6 +107,7 @@ def decide(candidate: Measurements, incumbent: Measurements | None, config: Prom
     ok = candidate.template_tokens <= config.max_template_tokens
     checks.append((ok, f"template_tokens {candidate.template_tokens} {'<=' if ok else '>'} {config.max_template_tokens}"))
 
+    # Shaped like the held-out check above (no incumbent passes), with its own rule: a ceiling, not a gain.
     if incumbent is None:
         checks.append((True, f"latency_p95_ms {candidate.latency_p95_ms:.4g}: no incumbent to compare with"))
     else:

@@ -7,8 +7,8 @@ label, and dropped when the store's change counter moves.
 
 Freshness: on access, at most once every ``refresh_s`` (monotonic clock), the reader reads that
 counter (one indexed ``max(seq)`` query); between checks a lookup is a clock read and two dict
-lookups. This was chosen over a background thread because it needs no thread to start, stop or
-fork around, costs nothing for an idle reader, and a reader nobody asks has nobody to serve a
+lookups. Checking on access rather than from a background thread needs no thread to start, stop
+or fork around, costs nothing for an idle reader, and a reader nobody asks has nobody to serve a
 stale template to. With the default 0.2 s a change is visible within 0.2 s plus one query.
 
 A reader never sees a half-written version: every store write is one transaction, and a

@@ -1,5 +1,9 @@
 """The versioned template store: append-only versions, labels that move, a change counter.
 
+It is long because one append-only API sits on two databases, SQLite and PostgreSQL (each connected,
+created, locked and with its errors turned into a message that names the fix), and every refusal of the
+API says what to do instead.
+
 Layout (the same on SQLite and PostgreSQL, opened by URL: ``sqlite:///PATH`` or
 ``postgresql://user:pass@host:port/db``):
 
@@ -8,7 +12,7 @@ Layout (the same on SQLite and PostgreSQL, opened by URL: ``sqlite:///PATH`` or
   every UPDATE and DELETE.
 * ``label_history``: every label move ever made, also append-only. A label's current version is
   its newest row (``version_id`` NULL means the label was removed; only the canary is removed,
-  when a promotion ends its ramp). Canary rows also carry the traffic share and the ramp.
+  by ``end_canary`` or when a promotion ends its ramp). Canary rows also carry the traffic share and the ramp.
   Because nothing else changes, ``max(seq)`` of this table is the change counter readers poll:
   it rises in the same transaction as the move it counts and cannot drift from it.
 
@@ -287,6 +291,7 @@ class TemplateStore:
 
     # --- connection and dialect: the one place that knows which database the store is in ---
 
+    # Parallel by design to _connect_postgresql (look for the schema, refuse or create, close on error), for sqlite3.
     def _connect_sqlite(self, url: str, create: bool) -> tuple[str, sqlite3.Connection]:
         scheme, sep, rest = url.partition("://")
         if not sep:
@@ -349,6 +354,7 @@ class TemplateStore:
                 raise
             raise self._error(exc, path) from None
 
+    # Parallel by design to _connect_sqlite/_open_sqlite above, with psycopg's errors and connect timeout.
     def _connect_postgresql(self, url: str, create: bool) -> tuple[str, _PostgresConnection]:
         where = _without_password(url)
         try:

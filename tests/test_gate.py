@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from templates.gate import Measurements, PromotionConfig, decide, latency_summary, percentile
+from templates.gate import Measurements, PromotionConfig, decide, percentile
 
 CONFIG = PromotionConfig(
     thresholds={"instruction_following": 0.82, "entity_consistency": 0.78},
@@ -95,29 +95,6 @@ def test_without_an_incumbent_the_absolute_bars_still_refuse():
     decision = decide(replace(GOOD, error_rate=0.5), None, CONFIG)
     assert not decision.promote
     assert [r for r in decision.reasons if r.startswith("fail")] == ["fail: error_rate 0.5 > 0.02"]
-
-
-def test_latency_summary_leaves_errored_calls_out_of_the_percentile():
-    # 95 fast successes, 5 slow ones, and 20 errors that took 0 ms (a fast failure) or 30 s (a timeout).
-    samples = [10.0] * 95 + [200.0] * 5 + [0.0] * 10 + [30_000.0] * 10
-    errors = [False] * 100 + [True] * 20
-    p95_ms, error_rate = latency_summary(samples, errors)
-    assert p95_ms == 10.0
-    assert error_rate == pytest.approx(20 / 120)
-
-
-def test_latency_summary_with_every_call_errored_gives_nan_which_fails_the_gate():
-    p95_ms, error_rate = latency_summary([5.0, 6.0], [True, True])
-    assert math.isnan(p95_ms) and error_rate == 1.0
-    decision = decide(replace(GOOD, latency_p95_ms=p95_ms, error_rate=0.0), INCUMBENT, CONFIG)
-    assert not decision.promote
-
-
-def test_latency_summary_rejects_mismatched_inputs():
-    with pytest.raises(ValueError, match="one per call"):
-        latency_summary([1.0, 2.0], [False])
-    with pytest.raises(ValueError, match="no calls"):
-        latency_summary([], [])
 
 
 def test_percentile_is_nearest_rank():

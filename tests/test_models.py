@@ -6,7 +6,7 @@ import shutil
 import pytest
 
 from pipelines.engine import models
-from pipelines.engine.models import EMBEDDED, ModelLoadError, load_causal_lm, load_embedder
+from pipelines.engine.models import EMBEDDED, ModelLoadError, load_causal_lm
 
 
 @pytest.mark.e2e
@@ -82,11 +82,3 @@ def test_unreadable_model_path_gives_exit_code_2(tmp_path, capsys):
     (tmp_path / "config.json").write_text("{broken")
     assert main(["eval", "--task", "risk", "--model", str(tmp_path)]) == 2
     assert "cannot load model" in capsys.readouterr().err
-
-
-def test_sentence_embedder_ships_in_a_package():
-    embedder = load_embedder()
-    vectors = embedder.embed(["Win a free prize now", "Claim your free prize today", "See you at lunch"])
-    assert vectors.shape == (3, 384)
-    similar, different = float(vectors[0] @ vectors[1]), float(vectors[0] @ vectors[2])
-    assert similar > different

@@ -152,9 +152,10 @@ def _tiny_llama(**overrides):
 
 def test_packed_llama_matches_transformers_on_a_tiny_random_llama():
     """Another head layout than SmolLM2's (6 query heads over 2 key/value heads of 8 dims), float32: the
-    written-out forward pass, prefix rows included, a prefix extended from known rows, and the rest of a
-    prefix run at the head of the examples' own pass, equals transformers' own forward pass on the full
-    sequences."""
+    written-out forward pass equals transformers' own forward pass on the full sequences, in each way the
+    scorer runs a prefix: all of it at the head of the examples' own pass, the first tokens known from an
+    earlier pass and the rest at the head, and all of it known. The prefix's buffer rows equal the keys and
+    values in transformers' cache."""
     import torch
 
     from pipelines.engine.packed_llama import PackedLlama
@@ -164,17 +165,27 @@ def test_packed_llama_matches_transformers_on_a_tiny_random_llama():
     packed = PackedLlama(model)
     prefix = [5, 9, 2, 7, 11]
     suffixes = [[3, 4], [8, 1, 6], [12, 13, 14, 15, 16, 17, 18]]  # sorted; the long one opens a bucket
+    P, KV, D = len(prefix), model.config.num_key_value_heads, packed.head_dim
     with torch.inference_mode():
-        rows = packed.prefix_rows(prefix, packed.prefix_rows(prefix[:3]))  # extended from the first 3 tokens
-        assert torch.allclose(torch.stack(rows), torch.stack(packed.prefix_rows(prefix)), atol=1e-5)
-        hidden = packed.last_hidden(Packing.build(suffixes, len(prefix)), rows)
-        # The same with the prefix's last 3 tokens run as the row's head, in the suffixes' own pass.
-        headed, head_rows = packed.forward(Packing.build(suffixes, 2, head=prefix[2:]), [r[:2] for r in rows])
-        assert torch.allclose(torch.stack(head_rows), torch.stack(rows)[:, 2:], atol=1e-5)
-        for got, got_headed, suffix in zip(hidden, headed, suffixes):
+        cache = model.model(input_ids=torch.tensor([prefix]), use_cache=True).past_key_values
+        expected_rows = [torch.cat([layer.keys[0].transpose(0, 1).reshape(P, KV * D),
+                                    layer.values[0].transpose(0, 1).reshape(P, KV * D)], 1) for layer in cache.layers]
+        # The whole prefix at the head of the examples' pass.
+        whole_head, rows = packed.forward(Packing.build(suffixes, 0, head=prefix), None)
+        assert torch.allclose(torch.stack(rows), torch.stack(expected_rows), atol=1e-5)
+        # The first 3 tokens from a pass of their own (the rows another template left), the rest at the head.
+        nothing, first = packed.forward(Packing.build([], 0, head=prefix[:3]), None)
+        assert nothing is None
+        extended, rest = packed.forward(Packing.build(suffixes, 3, head=prefix[3:]), first)
+        assert torch.allclose(torch.stack([torch.cat(pair) for pair in zip(first, rest)]), torch.stack(expected_rows),
+                              atol=1e-5)
+        # All of the prefix known (the scorer's later batches).
+        known, no_rows = packed.forward(Packing.build(suffixes, P), rows)
+        assert no_rows == []
+        for i, suffix in enumerate(suffixes):
             expected = model.model(input_ids=torch.tensor([prefix + suffix])).last_hidden_state[0, -1]
-            assert torch.allclose(got, expected, atol=1e-4), (got - expected).abs().max()
-            assert torch.allclose(got_headed, expected, atol=1e-4), (got_headed - expected).abs().max()
+            for got in (whole_head[i], extended[i], known[i]):
+                assert torch.allclose(got, expected, atol=1e-4), (got - expected).abs().max()
 
 
 def test_packed_llama_declines_what_it_does_not_cover():
@@ -254,7 +265,8 @@ def test_packed_llama_forward_equals_transformers_forward(risk, lm_bf16):
     with torch.inference_mode():
         packing = Packing.build(suffixes, len(prefix))
         reference = scorer._hf_last_hidden(packing, hf_prefix).float()
-        packed = scorer._packed.last_hidden(packing, scorer._packed.prefix_rows(prefix)).float()
+        _, prefix_rows = scorer._packed.forward(Packing.build([], 0, head=prefix), None)  # the prefix alone
+        packed = scorer._packed.forward(packing, prefix_rows)[0].float()
     assert packed.shape == reference.shape == (12, lm_bf16.model.config.hidden_size)
     step = 2.0 ** (torch.floor(torch.log2(reference.abs().clamp_min(1e-3))) - 7)  # one bfloat16 step
     assert bool(((packed - reference).abs() <= step).all())

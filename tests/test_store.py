@@ -414,27 +414,21 @@ def test_random_bytes_are_not_a_store_and_stay_untouched(tmp_path):
     assert files_in(tmp_path) == before
 
 
-def test_another_apps_data_is_not_a_store_and_stays_untouched(backend):
+@pytest.mark.parametrize("table, statements", [
+    ("users", ["CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)", "INSERT INTO users (id, name) VALUES (1, 'ada')"]),
+    ("meta", ["CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+              "INSERT INTO meta (key, value) VALUES ('app', 'someone-else')"]),  # our table's name, not our app
+], ids=["another-apps-table", "another-apps-meta-table"])
+def test_another_apps_data_is_not_a_store_and_stays_untouched(backend, table, statements):
     raw = backend.connect()
-    raw.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
-    raw.execute("INSERT INTO users (id, name) VALUES (1, 'ada')")
+    for statement in statements:
+        raw.execute(statement)
     raw.close()
     before = backend.snapshot()
     assert before  # the other app's table and row are there to be left alone
     for create in (True, False):
-        with pytest.raises(StoreError, match=r"not a tune-prompts store \(schema missing: it holds tables \['users'\]\)"):
+        with pytest.raises(StoreError, match=rf"not a tune-prompts store \(schema missing: it holds tables \['{table}'\]\)"):
             TemplateStore(backend.url, create=create)
-    assert backend.snapshot() == before
-
-
-def test_a_meta_table_of_another_app_is_not_a_store(backend):
-    raw = backend.connect()
-    raw.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-    raw.execute("INSERT INTO meta (key, value) VALUES ('app', 'someone-else')")
-    raw.close()
-    before = backend.snapshot()
-    with pytest.raises(StoreError, match=r"not a tune-prompts store \(schema missing: it holds tables \['meta'\]\)"):
-        TemplateStore(backend.url)
     assert backend.snapshot() == before
 
 

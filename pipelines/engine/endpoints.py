@@ -2,7 +2,9 @@
 
 ``EndpointLabelScorer`` keeps ``pipelines.engine.target.LabelScorer``'s contract: ``score(template, texts)`` returns
 label log-probabilities normalised over the labels, shape (len(texts), n_labels), cached by (template, text).
-It imports neither torch nor transformers and needs no tokenizer: the server owns the model.
+This module imports neither torch nor transformers and needs no tokenizer: the server owns the model.
+It is long because it owns the whole HTTP contract: two ways of reading labels, retries, and an error
+message for each way a server can refuse.
 
 One pair is one request. The template is rendered with the text (constraints are not applied, as in
 ``prompt_frame``) and sent
@@ -253,10 +255,6 @@ class EndpointLabelScorer:
                 "p95": float(np.percentile(samples, 95)) if samples else nan,
                 "error_rate": failed / max(1, len(samples) + failed)}
 
-    def clear_cache(self) -> None:
-        self._cache.clear()
-
-
     # --- one pair ------------------------------------------------------------------------------
     def _score_one(self, prompt: str) -> np.ndarray:
         if self.stats.mode != "answers":
@@ -472,6 +470,8 @@ def make_label_scorer(
         return EndpointLabelScorer(target, model, verbalizers, chat=chat_template, **endpoint_options)
     if endpoint_options or model:
         raise ValueError(f"model and {sorted(endpoint_options)} apply to endpoints only; the target is a loaded model")
-    from pipelines.engine.target import LabelScorer  # torch lives there; a URL-only run never imports it
+    # Imported here so that importing this module (as the CLI does at start, for EndpointError) loads no torch.
+    # A scoring run loads torch anyway, through pipelines.scoring -> pipelines.engine.target, even for URLs.
+    from pipelines.engine.target import LabelScorer
 
     return LabelScorer(target, list(verbalizers), chat_template=chat_template, batch_size=batch_size)

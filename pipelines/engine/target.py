@@ -29,6 +29,10 @@ for every example; an example whose tokens differ there is scored without sharin
 model identical token ids. In float32 they agree to about 1e-4. In bfloat16, packing changes the shape of the
 matrix products and so their rounding, and the naive path's logits are themselves rounded to bfloat16 (this
 path projects onto the label rows in float32): scores differ by up to about 0.3 in log-odds (see the tests).
+
+The module is long because it holds the steps those savings take (prefix sharing and reuse, batching,
+threads) next to the one ``score`` call they serve, and transformers' packed-attention path for the models
+the written-out pass does not cover; the layout, the written-out pass and the cache are modules of their own.
 """
 
 from __future__ import annotations
@@ -252,7 +256,7 @@ class LabelScorer:
                     best, known = shared, [r[:shared] for r in rows]
             self.stats.prefix_tokens_reused += best
             if best == len(key):
-                self._remember_prefix(key, known)  # now the most recent
+                self._remember_prefix(key, known)  # moved to the most recent end, last to be dropped
             return _PackedPrefix(key, known, list(key[best:]))
         kv = self._body(input_ids=torch.tensor([prefix_ids]), use_cache=True).past_key_values
         self.stats.tokens_forward += len(prefix_ids)
@@ -272,8 +276,9 @@ class LabelScorer:
         if shards == 1:
             done = [self._run_shard(order, suffixes, prefix, n_prefix)]
         else:
-            # Longest first, each to the part with the fewest tokens so far: equal work per thread (dealing in
-            # turn left one part 2.5% longer here), every part with short and long ones, kept sorted.
+            # Longest first, each to the part with the fewest tokens so far: the slowest thread sets the wall
+            # time, and dealing a length-sorted list in turn would hand the same part the longest sequence of
+            # every round. Every part gets short and long sequences, and stays sorted for tight buckets.
             parts, loads = [[] for _ in range(shards)], [0] * shards
             for i in reversed(order):
                 k = loads.index(min(loads))
