@@ -246,8 +246,11 @@ def test_fast_scorer_equals_naive_in_float32(risk, lm_fp32, packed_llama):
 @pytest.mark.e2e
 def test_packed_llama_forward_equals_transformers_forward(risk, lm_bf16):
     """The written-out Llama forward pass and transformers' own (with packed attention) on the same packed
-    batch: equal hidden states at every sequence's last token (bitwise on the machines we measured; the
-    assertion allows one bfloat16 step)."""
+    batch: the hidden states at every sequence's last token agree within bfloat16 rounding. "Within rounding" is
+    measured, not assumed: no further apart than one bfloat16 step, or than transformers' packed pass is from
+    its own plain pass over each whole sequence (bitwise equal on AVX-512 machines; on an AVX2 machine the bf16
+    kernels round by shape, and one sequence differed by 0.25 from both). float32 exactness is tested on a tiny
+    random Llama above."""
     import torch
 
     from pipelines.engine.packing import Packing
@@ -267,9 +270,14 @@ def test_packed_llama_forward_equals_transformers_forward(risk, lm_bf16):
         reference = scorer._hf_last_hidden(packing, hf_prefix).float()
         _, prefix_rows = scorer._packed.forward(Packing.build([], 0, head=prefix), None)  # the prefix alone
         packed = scorer._packed.forward(packing, prefix_rows)[0].float()
-    assert packed.shape == reference.shape == (12, lm_bf16.model.config.hidden_size)
+        plain = torch.stack([scorer._body(input_ids=torch.tensor([prefix + s])).last_hidden_state[0, -1]
+                             for s in suffixes]).float()
+    assert packed.shape == reference.shape == plain.shape == (12, lm_bf16.model.config.hidden_size)
     step = 2.0 ** (torch.floor(torch.log2(reference.abs().clamp_min(1e-3))) - 7)  # one bfloat16 step
-    assert bool(((packed - reference).abs() <= step).all())
+    rounding = torch.maximum(step, (plain - reference).abs().amax(dim=1, keepdim=True))  # per sequence
+    assert bool(((packed - reference).abs() <= rounding).all())
+    # ... and the bound is tight enough to matter: hidden states 5% off are outside it.
+    assert not bool(((packed * 1.05 - reference).abs() <= rounding).all())
 
 
 @pytest.mark.e2e
