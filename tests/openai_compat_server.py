@@ -243,7 +243,7 @@ if __name__ == "__main__":
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--model", default=EMBEDDED, help="what load_causal_lm() loads")
     parser.add_argument("--name", default="smollm2-135m-instruct", help="the model id clients send")
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--dtype", choices=["bfloat16", "float32"], help="default: the machine's (models.default_dtype)")
     args = parser.parse_args()
     srv = OpenAICompatServer(ModelBackend(load_causal_lm(args.model, dtype=args.dtype)), args.name).start(args.port)
     print(f"serving {args.name} at {srv.base_url}", flush=True)

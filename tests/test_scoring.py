@@ -210,17 +210,19 @@ def risk():
 
 
 @pytest.fixture(scope="module")
-def lm_bf16():
+def lm():
+    """The embedded model in this machine's default dtype: bfloat16 where the CPU computes it natively (the
+    tolerances below are bfloat16's), float32 elsewhere (tighter; see pipelines.engine.models.default_dtype)."""
     from pipelines.engine.models import load_causal_lm
 
     return load_causal_lm()
 
 
 @pytest.fixture(scope="module")
-def lm_fp32(lm_bf16):
-    lm = copy.copy(lm_bf16)
-    lm.model = copy.deepcopy(lm_bf16.model).float()
-    return lm
+def lm_fp32(lm):
+    fp32 = copy.copy(lm)
+    fp32.model = copy.deepcopy(lm.model).float()
+    return fp32
 
 
 @pytest.mark.e2e
@@ -244,7 +246,7 @@ def test_fast_scorer_equals_naive_in_float32(risk, lm_fp32, packed_llama):
 
 
 @pytest.mark.e2e
-def test_packed_llama_forward_equals_transformers_forward(risk, lm_bf16):
+def test_packed_llama_forward_equals_transformers_forward(risk, lm):
     """The written-out Llama forward pass and transformers' own (with packed attention) on the same packed
     batch: the hidden states at every sequence's last token agree within bfloat16 rounding. "Within rounding" is
     measured, not assumed: no further apart than one bfloat16 step, or than transformers' packed pass is from
@@ -257,12 +259,12 @@ def test_packed_llama_forward_equals_transformers_forward(risk, lm_bf16):
     from pipelines.engine.target import LabelScorer, prompt_frame
 
     task, splits = risk
-    tok = lm_bf16.tokenizer
+    tok = lm.tokenizer
     before, after = prompt_frame(tok, task.seed_template(), True)
     prefix = tok(before, add_special_tokens=False).input_ids[:-1]
     suffixes = sorted((tok(before + e.text + after, add_special_tokens=False).input_ids[len(prefix):]
                        for e in splits.dev[:12]), key=len)
-    scorer = LabelScorer(lm_bf16, ["yes", "no"])
+    scorer = LabelScorer(lm, ["yes", "no"])
     hf_prefix = scorer._body(input_ids=torch.tensor([prefix]), use_cache=True).past_key_values
     hf_prefix = [(layer.keys, layer.values) for layer in hf_prefix.layers]
     with torch.inference_mode():
@@ -272,7 +274,7 @@ def test_packed_llama_forward_equals_transformers_forward(risk, lm_bf16):
         packed = scorer._packed.forward(packing, prefix_rows)[0].float()
         plain = torch.stack([scorer._body(input_ids=torch.tensor([prefix + s])).last_hidden_state[0, -1]
                              for s in suffixes]).float()
-    assert packed.shape == reference.shape == plain.shape == (12, lm_bf16.model.config.hidden_size)
+    assert packed.shape == reference.shape == plain.shape == (12, lm.model.config.hidden_size)
     step = 2.0 ** (torch.floor(torch.log2(reference.abs().clamp_min(1e-3))) - 7)  # one bfloat16 step
     rounding = torch.maximum(step, (plain - reference).abs().amax(dim=1, keepdim=True))  # per sequence
     assert bool(((packed - reference).abs() <= rounding).all())
@@ -281,7 +283,7 @@ def test_packed_llama_forward_equals_transformers_forward(risk, lm_bf16):
 
 
 @pytest.mark.e2e
-def test_scoring_threads_and_prefix_reuse_give_the_same_scores(risk, lm_bf16):
+def test_scoring_threads_and_prefix_reuse_give_the_same_scores(risk, lm):
     """One thread per core (the sequences dealt between them) and a prefix started from another template's
     rows score like one thread and a prefix run from scratch (bfloat16: batch shapes change rounding)."""
     import torch
@@ -295,9 +297,9 @@ def test_scoring_threads_and_prefix_reuse_give_the_same_scores(risk, lm_bf16):
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        alone = LabelScorer(lm_bf16, ["yes", "no"]).score(seed, texts)
+        alone = LabelScorer(lm, ["yes", "no"]).score(seed, texts)
         torch.set_num_threads(2)
-        scorer = LabelScorer(lm_bf16, ["yes", "no"])
+        scorer = LabelScorer(lm, ["yes", "no"])
         assert scorer._shard_count(len(texts)) == 2
         scorer.score(other, texts)
         shared = scorer.score(seed, texts)
@@ -310,15 +312,15 @@ def test_scoring_threads_and_prefix_reuse_give_the_same_scores(risk, lm_bf16):
 
 
 @pytest.mark.e2e
-def test_fast_scorer_matches_naive_in_bfloat16_and_cache_is_identical(risk, lm_bf16):
+def test_fast_scorer_matches_naive_in_the_default_dtype_and_cache_is_identical(risk, lm):
     from pipelines.engine.target import LabelScorer, score_naive
 
     task, splits = risk
     examples = list(splits.dev[:24])
     texts = [e.text for e in examples]
     template = task.seed_template()
-    naive = score_naive(lm_bf16, template, texts, ["yes", "no"])
-    scorer = LabelScorer(lm_bf16, ["yes", "no"], batch_size=8)
+    naive = score_naive(lm, template, texts, ["yes", "no"])
+    scorer = LabelScorer(lm, ["yes", "no"], batch_size=8)
     fast = scorer.score(template, texts)
     odds_naive, odds_fast = naive[:, 0] - naive[:, 1], fast[:, 0] - fast[:, 1]
     # Tolerance in bfloat16: 0.35 in log-odds per pair (padding changes matmul shapes and rounding, and the
@@ -334,13 +336,13 @@ def test_fast_scorer_matches_naive_in_bfloat16_and_cache_is_identical(risk, lm_b
 
 
 @pytest.mark.e2e
-def test_candidate_scorer_measures_every_component(risk, lm_bf16):
+def test_candidate_scorer_measures_every_component(risk, lm):
     from pipelines.scoring import build_scorer
 
     task, splits = risk
     task = task.with_overrides(**{"scoring.robustness_examples": 8})
     small = type(splits)(splits.train[:16], splits.dev[:16], splits.test[:16])
-    scorer = build_scorer(task, small, lm_bf16)
+    scorer = build_scorer(task, small, lm)
     assert scorer.judge_scorer is scorer.target  # yes/no answers: the target judges with the same scorer and cache
     seed = task.seed_template().text
     scored = scorer.measure([seed, "no placeholder at all", task.compose("Look for prizes and urgent payment requests.")])

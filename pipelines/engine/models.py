@@ -90,9 +90,29 @@ def _convert_embedded(target: Path, source_id: str, dtype) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def embedded_model_dir(cache_dir: Path | None = None, dtype_name: str = "bfloat16") -> Path:
+def default_dtype() -> str:
+    """bfloat16 where the hardware computes it natively (a CUDA GPU; a CPU with AVX-512 BF16 or AMX), else float32.
+
+    On those CPUs bfloat16 runs 2 to 2.7 times faster than float32 for the embedded model. On a CPU without them
+    torch emulates bfloat16 matrix products: measured on an AVX2 EPYC, 1.2 GFLOP/s per core against 48 for
+    float32, which turns a minutes-long tuning run into hours.
+    """
+    import torch
+
+    if torch.cuda.is_available():
+        return "bfloat16"
+    try:
+        flags = Path("/proc/cpuinfo").read_text(errors="replace").split()
+    except OSError:  # not Linux: no way to tell here, and float32 is never the slow choice
+        return "float32"
+    return "bfloat16" if {"avx512_bf16", "amx_bf16"} & set(flags) else "float32"
+
+
+def embedded_model_dir(cache_dir: Path | None = None, dtype_name: str | None = None) -> Path:
     """The cached HF copy of the embedded model, built on first use (or when found incomplete)."""
     import torch
+
+    dtype_name = dtype_name or default_dtype()
 
     gguf = _package_dir(_GGUF_PACKAGE) / _GGUF_FILE
     if not gguf.is_file():
@@ -112,16 +132,18 @@ def embedded_model_dir(cache_dir: Path | None = None, dtype_name: str = "bfloat1
 
 
 def load_causal_lm(
-    spec: str = EMBEDDED, *, cache_dir: Path | None = None, dtype: str = "bfloat16", _rebuilt: bool = False
+    spec: str = EMBEDDED, *, cache_dir: Path | None = None, dtype: str | None = None, _rebuilt: bool = False
 ) -> LoadedLM:
     """Load a causal LM for use as policy, target or judge.
 
     ``spec`` is ``embedded:smollm2-135m-instruct`` (the default, offline), a local Hugging Face folder,
-    or a hub id. The model comes back in eval mode; callers that train it switch modes themselves.
+    or a hub id. ``dtype``: None picks ``default_dtype()`` for this machine. The model comes back in eval
+    mode; callers that train it switch modes themselves.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    dtype = dtype or default_dtype()
     if dtype not in ("bfloat16", "float32", "float16"):
         raise ModelLoadError(f"dtype {dtype!r} is not supported; use bfloat16 or float32")
     if spec == EMBEDDED:
