@@ -9,6 +9,10 @@
     tune-prompts schedule --task risk ...    submit check-and-tune jobs to a Ray cluster on a cron schedule
 
 Every command exits 0 on success, 2 on bad input (with one line saying what to fix), 1 on a failure.
+
+The module is long because it holds every command's flags, help and printed tables in one place, so that the
+whole command-line surface reads together; the work behind each command lives elsewhere (``store`` in
+``cli_store.py``, which has its own subcommands).
 """
 
 from __future__ import annotations
