@@ -277,7 +277,7 @@ def cmd_tune(args) -> int:
         promote=not args.no_promote, progress=not args.json,
     )
     if args.backend == "openrlhf":
-        from pipelines.openrlhf_job import prepare_job
+        from pipelines.rl.cluster_job import prepare_job
 
         return prepare_job(task, options, dry_run=args.dry_run, json_output=args.json)
     log = (lambda *a: print(*a, file=sys.stderr)) if args.json else print

@@ -115,7 +115,7 @@ class GenerationConfig(_Strict):
 
 
 class PPOConfig(_Strict):
-    """The policy update (pipelines/openrlhf_adapter.py reads these fields; see PPO_CONFIG_FIELDS there)."""
+    """The policy update (pipelines/rl/ppo.py reads these fields; see PPO_CONFIG_FIELDS there)."""
 
     advantage_estimator: Literal["gae", "reinforce", "rloo", "reinforce_baseline", "group_norm", "dr_grpo"] = "gae"
     gamma: float = 1.0

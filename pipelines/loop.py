@@ -96,7 +96,7 @@ def _update_leaderboard(board: list[dict], rows: list[dict], keep: int = 20) -> 
 
 def tune(task: TaskConfig, options: RunOptions, *, resume: bool = False, log=print) -> dict[str, Any]:
     """Run the tuning job; returns the final report (also written to run_dir/report.json)."""
-    from pipelines import openrlhf_adapter as rl
+    from pipelines.rl import ppo as rl
     from pipelines.engine.models import load_causal_lm
     from pipelines.ray_scoring import ScoringPool, init_ray
     from pipelines.tracking import Tracker

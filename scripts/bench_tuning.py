@@ -30,7 +30,7 @@ from pipelines.cli import quiet_libraries, table  # noqa: E402
 
 
 def best_of_n(task, splits, n: int, options, pool) -> tuple[dict, int, float]:
-    from pipelines import openrlhf_adapter as rl
+    from pipelines.rl import ppo as rl
     from pipelines.generation import candidate_text, meta_prompt
     from pipelines.loop import select_finalists
     from pipelines.engine.models import load_causal_lm

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipelines import openrlhf_adapter as oa
+from pipelines.rl import ppo as oa
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,7 +202,7 @@ def test_importing_the_adapter_imports_neither_openrlhf_nor_the_stand_ins():
     import subprocess
 
     code = (
-        "import sys, pipelines.openrlhf_adapter; "
+        "import sys, pipelines.rl.ppo; "
         "print(sorted(m for m in ('openrlhf', 'vllm', 'flash_attn', 'peft') if m in sys.modules))"
     )
     root = Path(__file__).resolve().parents[1]

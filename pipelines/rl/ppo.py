@@ -91,7 +91,7 @@ def _needs_gpu(qualname: str, package: str):
     def unavailable(*args: Any, **kwargs: Any):
         raise StandInError(
             f"{qualname} needs the real {package} package on a CUDA GPU; this process has only the CPU "
-            f"import stand-in from pipelines.openrlhf_adapter. Run this path on a GPU machine with {package} installed."
+            f"import stand-in from pipelines.rl.ppo. Run this path on a GPU machine with {package} installed."
         )
 
     unavailable.__name__ = unavailable.__qualname__ = qualname.rsplit(".", 1)[-1]

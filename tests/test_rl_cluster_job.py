@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import openrlhf_job
+from pipelines.rl import cluster_job
 from pipelines.cli import main
-from pipelines.openrlhf_adapter import install_cpu_stand_ins, parse_train_ppo_ray_args
+from pipelines.rl.ppo import install_cpu_stand_ins, parse_train_ppo_ray_args
 
 REPO = Path(__file__).resolve().parent.parent
 REPLY = "Decide whether this SMS message is a scam asking for money, a prize claim or a premium-rate call."
@@ -32,11 +32,11 @@ def _dry_run(run_dir: Path, *extra: str) -> int:
 
 
 def _job(run_dir: Path) -> dict:
-    return json.loads((run_dir / openrlhf_job.JOB_NAME).read_text())
+    return json.loads((run_dir / cluster_job.JOB_NAME).read_text())
 
 
 def _edit_settings(run_dir: Path, **changes) -> Path:
-    path = run_dir / openrlhf_job.SETTINGS_NAME
+    path = run_dir / cluster_job.SETTINGS_NAME
     path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
     return path
 
