@@ -19,9 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.rl import cluster_job
 from pipelines.cli import main
-from pipelines.rl.ppo import install_cpu_stand_ins, parse_train_ppo_ray_args
+from pipelines.rl import cluster_job
+from pipelines.rl.stand_ins import install_cpu_stand_ins
+from pipelines.rl.train_ppo_ray import parse_train_ppo_ray_args
 
 REPO = Path(__file__).resolve().parent.parent
 REPLY = "Decide whether this SMS message is a scam asking for money, a prize claim or a premium-rate call."

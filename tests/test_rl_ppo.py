@@ -1,22 +1,21 @@
-"""The openrlhf adapter: the scale-out command against openrlhf's real parser, the CPU stand-ins, openrlhf's
-advantage estimators on tiny tensors, and PPO steps on the real SmolLM2-135M-Instruct (marked e2e)."""
+"""The local policy update: openrlhf's advantage estimators on tiny tensors, and PPO steps on the real
+SmolLM2-135M-Instruct (marked e2e)."""
 
 import dataclasses
 import math
 import sys
 import types
-from importlib.machinery import ModuleSpec
 from pathlib import Path
 
 import pytest
 import torch
 
-from pipelines.rl import ppo as oa
+from pipelines.rl import ppo
 
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """The fields the learner reads (oa.PPO_CONFIG_FIELDS); a PPOConfig provides the same names."""
+    """The fields the learner reads (ppo.PPO_CONFIG_FIELDS); a PPOConfig provides the same names."""
 
     advantage_estimator: str = "gae"
     gamma: float = 1.0
@@ -41,170 +40,22 @@ class Settings:
 
 
 def test_settings_cover_the_fields_the_learner_reads():
-    assert {f.name for f in dataclasses.fields(Settings)} == set(oa.PPO_CONFIG_FIELDS)
-
-
-# --- the train_ppo_ray command, parsed by openrlhf's own parser -------------------------------------
-
-
-def _command(**overrides):
-    kwargs = dict(
-        pretrain="HuggingFaceTB/SmolLM2-135M-Instruct",
-        prompt_data="runs/risk/prompts.jsonl",
-        reward_file="rewards/openrlhf_reward.py",
-        save_path="runs/risk/ckpt",
-        input_key="meta_prompt",
-    )
-    return oa.build_train_ppo_ray_command(**{**kwargs, **overrides})
-
-
-def test_the_command_parses_with_openrlhfs_parser_and_keeps_every_value():
-    argv = _command(
-        actor_gpus=4,
-        critic_gpus=2,
-        ref_gpus=2,
-        vllm_engines=2,
-        micro_train_batch_size=2,
-        train_batch_size=32,
-        micro_rollout_batch_size=4,
-        rollout_batch_size=16,
-        n_samples_per_prompt=4,
-        max_new_tokens=48,
-        actor_lr=2e-5,
-        critic_lr=3e-5,
-        kl_coef=0.02,
-        kl_target=0.1,
-        lambd=0.9,
-        lora_rank=16,
-        wandb_project="tune-prompts",
-        wandb_run_name="risk-ppo",
-    )
-    assert argv[:3] == ["python", "-m", "openrlhf.cli.train_ppo_ray"]
-    args = oa.parse_train_ppo_ray_args(argv)
-    assert args.actor.model_name_or_path == "HuggingFaceTB/SmolLM2-135M-Instruct"
-    assert args.reward.remote_url == ["rewards/openrlhf_reward.py"]  # openrlhf splits it on commas
-    assert args.reward.model_name_or_path is None
-    assert args.data.prompt_dataset == "runs/risk/prompts.jsonl"
-    assert args.data.input_key == "meta_prompt"
-    assert args.data.apply_chat_template is True
-    assert args.ckpt.output_dir == "runs/risk/ckpt"
-    assert args.algo.advantage.estimator == "gae"
-    assert args.critic.model_name_or_path == args.actor.model_name_or_path  # GAE: critic from the policy
-    assert (args.actor.num_gpus_per_node, args.critic.num_gpus_per_node, args.ref.num_gpus_per_node) == (4, 2, 2)
-    assert args.vllm.num_engines == 2
-    assert (args.train.micro_batch_size, args.train.batch_size) == (2, 32)
-    assert (args.rollout.micro_batch_size, args.rollout.batch_size) == (4, 16)
-    assert args.rollout.n_samples_per_prompt == 4
-    assert args.rollout.max_new_tokens == 48
-    assert args.actor.adam.lr == 2e-5 and args.critic.adam.lr == 3e-5
-    assert args.algo.kl.init_coef == 0.02 and args.algo.kl.target == 0.1
-    assert args.algo.advantage.lambd == 0.9
-    assert args.ds.lora.rank == 16 and args.ds.lora.target_modules == ["q_proj", "k_proj", "v_proj", "o_proj"]
-    assert args.logger.wandb.project == "tune-prompts" and args.logger.wandb.run_name == "risk-ppo"
-    assert args.logger.wandb.key == "env"  # truthy switches W&B on; the real key stays in WANDB_API_KEY
-
-
-@pytest.mark.parametrize("estimator", [e for e in oa.ADVANTAGE_ESTIMATORS if e != "gae"])
-def test_every_estimator_the_adapter_offers_is_one_openrlhf_accepts(estimator):
-    args = oa.parse_train_ppo_ray_args(_command(advantage_estimator=estimator, n_samples_per_prompt=4))
-    assert args.algo.advantage.estimator == estimator
-    assert args.critic.model_name_or_path is None  # no critic without GAE
-
-
-def test_without_wandb_the_command_leaves_wandb_off():
-    args = oa.parse_train_ppo_ray_args(_command())
-    assert args.logger.wandb.key is None
+    assert {f.name for f in dataclasses.fields(Settings)} == set(ppo.PPO_CONFIG_FIELDS)
 
 
 @pytest.mark.parametrize(
-    "argv_change, message",
+    "module, absent",
     [
-        (lambda argv: argv + ["--no_such_flag", "1"], "unrecognized arguments"),
-        (lambda argv: argv + ["--algo.advantage.estimator", "ppo2"], "invalid choice"),
-        (
-            lambda argv: argv + ["--algo.advantage.estimator", "rloo", "--rollout.n_samples_per_prompt", "1"],
-            "n_samples_per_prompt > 1",
-        ),
-        (lambda argv: argv + ["--ds.ring_attn_size", "2"], "would rewrite"),  # openrlhf's silent rewrite
+        ("pipelines.rl.stand_ins", ("openrlhf", "vllm", "flash_attn", "peft")),
+        ("pipelines.rl.ppo", ("openrlhf", "vllm", "flash_attn", "peft")),
+        ("pipelines.rl.train_ppo_ray", ("openrlhf", "vllm", "flash_attn", "peft", "ray")),
+        ("pipelines.rl.cluster_job", ("openrlhf", "vllm", "flash_attn", "peft", "ray", "torch")),
     ],
 )
-def test_openrlhfs_parser_rejections_come_back_as_errors(argv_change, message):
-    with pytest.raises(ValueError, match=message):
-        oa.parse_train_ppo_ray_args(argv_change(_command()))
-
-
-def test_an_unknown_estimator_is_refused_before_building():
-    with pytest.raises(ValueError, match="advantage_estimator"):
-        _command(advantage_estimator="ppo2")
-
-
-# --- the CPU stand-ins ----------------------------------------------------------------------------
-
-
-@pytest.fixture
-def stand_ins():
-    oa.install_cpu_stand_ins()
-    if not getattr(sys.modules.get("flash_attn"), "__cpu_stand_in__", False):
-        pytest.skip("the real flash_attn is installed here")
-    if not getattr(sys.modules.get("vllm"), "__cpu_stand_in__", False):
-        pytest.skip("the real vllm is installed here")
-
-
-def test_stand_ins_raise_a_clear_error_on_gpu_only_use(stand_ins):
-    import vllm
-    from flash_attn.utils.distributed import all_gather
-    from vllm.utils import random_uuid
-
-    with pytest.raises(oa.StandInError, match="needs the real flash-attn package on a CUDA GPU"):
-        all_gather(torch.zeros(2), None)
-    with pytest.raises(oa.StandInError, match="needs the real vllm package"):
-        vllm.SamplingParams(temperature=1.0)
-    with pytest.raises(oa.StandInError, match="vllm"):
-        vllm.AsyncEngineArgs(model="x")
-    with pytest.raises(oa.StandInError):
-        random_uuid()
-
-
-def test_a_kernel_the_stand_in_lacks_is_an_import_error_so_openrlhf_takes_its_torch_fallback(stand_ins):
-    with pytest.raises(ImportError):
-        from flash_attn.ops.triton.cross_entropy import cross_entropy_loss  # noqa: F401
-    from openrlhf.models.utils import log_probs_from_logits
-
-    logits = torch.randn(2, 3, 5)
-    labels = torch.tensor([[0, 1, 2], [3, 4, 0]])
-    expected = torch.log_softmax(logits, -1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
-    torch.testing.assert_close(log_probs_from_logits(logits, labels), expected)
-
-
-def test_openrlhfs_unpad_and_pad_round_trip_through_the_pure_torch_stand_in(stand_ins):
-    from openrlhf.models.ring_attn_utils import gather_and_pad_tensor, unpad_and_slice_tensor
-
-    sequences = torch.tensor([[0, 0, 5, 6], [7, 8, 9, 0]])
-    mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 0]])
-    packed, position_ids, rolled, pad_len, indices = unpad_and_slice_tensor(sequences, mask, None)
-    assert packed.tolist() == [[5, 6, 7, 8, 9]]
-    assert position_ids.tolist() == [[0, 1, 0, 1, 2]]
-    back = gather_and_pad_tensor(packed.float(), None, pad_len, indices, 2, 4)
-    assert back.tolist() == (sequences * mask).float().tolist()
-    with pytest.raises(oa.StandInError):  # ring attention gathers across GPUs
-        gather_and_pad_tensor(packed.float(), object(), 0, indices, 2, 4)
-
-
-def test_a_real_installation_is_never_shadowed(monkeypatch):
-    real = types.ModuleType("vllm")
-    real.__spec__ = ModuleSpec("vllm", loader=None)
-    monkeypatch.setitem(sys.modules, "vllm", real)
-    assert not any(name.startswith("vllm") for name in oa.install_cpu_stand_ins())
-    assert sys.modules["vllm"] is real
-
-
-def test_importing_the_adapter_imports_neither_openrlhf_nor_the_stand_ins():
+def test_importing_an_rl_module_imports_no_dependency_it_needs_only_later(module, absent):
     import subprocess
 
-    code = (
-        "import sys, pipelines.rl.ppo; "
-        "print(sorted(m for m in ('openrlhf', 'vllm', 'flash_attn', 'peft') if m in sys.modules))"
-    )
+    code = f"import sys, {module}; print(sorted(m for m in {absent!r} if m in sys.modules))"
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root)
     assert out.stdout.strip() == "[]"
@@ -221,7 +72,7 @@ def _estimate(estimator, rewards, kl=None, values=None, mask=None, kl_coef=0.0, 
     kl = torch.zeros(mask.shape) if kl is None else torch.tensor(kl, dtype=torch.float32)
     values = None if values is None else torch.tensor(values, dtype=torch.float32)
     config = Settings(advantage_estimator=estimator, **settings)
-    return oa.compute_advantages_and_returns(
+    return ppo.compute_advantages_and_returns(
         config, FixedKLController(kl_coef), rewards=rewards, kl=kl, values=values, action_mask=mask
     )
 
@@ -294,12 +145,12 @@ def test_reinforce_baseline_subtracts_the_group_mean_then_whitens():
 )
 def test_a_bad_config_is_refused_at_construction(change, error, message):
     with pytest.raises(error, match=message):
-        oa.PPOLearner(model=None, config=Settings(**change))
+        ppo.PPOLearner(model=None, config=Settings(**change))
 
 
 def test_a_config_missing_fields_names_them():
     with pytest.raises(TypeError, match="lacks .*critic_lr"):
-        oa.PPOLearner(model=None, config=types.SimpleNamespace(advantage_estimator="gae"))
+        ppo.PPOLearner(model=None, config=types.SimpleNamespace(advantage_estimator="gae"))
 
 
 # --- PPO on the real SmolLM2-135M-Instruct ------------------------------------------------------------
@@ -327,13 +178,13 @@ def _reward(texts):
 def trained():
     torch.manual_seed(0)
     model, tokenizer = _load_policy_base()
-    learner = oa.PPOLearner(model, Settings(n_samples_per_prompt=BATCH, minibatch_size=4))
+    learner = ppo.PPOLearner(model, Settings(n_samples_per_prompt=BATCH, minibatch_size=4))
     lora = {n: p.detach().clone() for n, p in learner.policy.named_parameters() if p.requires_grad}
     base = {n: p.detach().clone() for n, p in learner.policy.named_parameters() if not p.requires_grad}
     head = {n: p.detach().clone() for n, p in learner.value_head.named_parameters()}
     rollouts, history = [], []
     for step in range(STEPS):
-        batch = oa.sample(learner.policy, tokenizer, [META_PROMPT] * BATCH, MAX_NEW_TOKENS, 1.0, 1.0, seed=step)
+        batch = ppo.sample(learner.policy, tokenizer, [META_PROMPT] * BATCH, MAX_NEW_TOKENS, 1.0, 1.0, seed=step)
         batch = batch.with_rewards(_reward(batch.texts))
         rollouts.append(batch)
         history.append(learner.step(batch))
@@ -344,7 +195,7 @@ def trained():
 
 @pytest.mark.e2e
 def test_rollouts_mark_exactly_the_sampled_response_tokens(trained):
-    stop_ids = oa._stop_token_ids(trained.learner.policy, trained.tokenizer)
+    stop_ids = ppo._stop_token_ids(trained.learner.policy, trained.tokenizer)
     for batch in trained.rollouts:
         n, length = batch.sequences.shape
         responses = batch.action_mask.size(1)
@@ -396,7 +247,7 @@ def test_save_and_load_restore_the_policy_value_head_and_optimizers(trained, tmp
     learner = trained.learner
     learner.save_adapter(tmp_path / "ckpt")
     model, _ = _load_policy_base()
-    resumed = oa.PPOLearner(model, Settings(n_samples_per_prompt=BATCH, minibatch_size=4))
+    resumed = ppo.PPOLearner(model, Settings(n_samples_per_prompt=BATCH, minibatch_size=4))
     resumed.load_adapter(tmp_path / "ckpt")
 
     batch = trained.rollouts[-1]
@@ -413,8 +264,8 @@ def test_save_and_load_restore_the_policy_value_head_and_optimizers(trained, tmp
 @pytest.mark.e2e
 def test_a_critic_free_estimator_runs_one_step_without_a_value_loss():
     model, tokenizer = _load_policy_base()
-    learner = oa.PPOLearner(model, Settings(advantage_estimator="rloo", n_samples_per_prompt=4, minibatch_size=8))
-    batch = oa.sample(learner.policy, tokenizer, [META_PROMPT] * 8, 16, 1.0, 1.0, seed=7)
+    learner = ppo.PPOLearner(model, Settings(advantage_estimator="rloo", n_samples_per_prompt=4, minibatch_size=8))
+    batch = ppo.sample(learner.policy, tokenizer, [META_PROMPT] * 8, 16, 1.0, 1.0, seed=7)
     metrics = learner.step(batch.with_rewards(_reward(batch.texts)))
     assert "train/value_loss" not in metrics
     assert math.isfinite(metrics["train/policy_loss"]) and metrics["train/kl"] == 0.0

@@ -63,7 +63,7 @@ def _pretrain(policy_model: str) -> str:
 
 
 def _command(task: TaskConfig, options: RunOptions, pretrain: str, n_prompts: int) -> list[str]:
-    from pipelines.rl.ppo import build_train_ppo_ray_command
+    from pipelines.rl.train_ppo_ray import build_train_ppo_ray_command
 
     ppo, gen = task.ppo, task.generation
     wandb = {}
@@ -150,7 +150,7 @@ def prepare_job(task: TaskConfig, options: RunOptions, *, dry_run: bool, json_ou
         check_weights(task.reward.weights, components_for(task.judge.rubrics))
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"task {task.name!r}: {exc}") from None
-    from pipelines.rl.ppo import parse_train_ppo_ray_args
+    from pipelines.rl.train_ppo_ray import parse_train_ppo_ray_args
 
     run_dir = Path(options.run_dir).resolve()
     prompts = meta_prompts(task)

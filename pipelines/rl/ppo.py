@@ -1,4 +1,4 @@
-"""The policy update: the one module in the project that imports openrlhf.
+"""The local policy update: sampling from the policy and PPO on a LoRA adapter, with openrlhf's own code.
 
 What runs here, and whose code it is:
 
@@ -7,45 +7,28 @@ What runs here, and whose code it is:
   ``masked_mean``, ``AdaptiveKLController`` / ``FixedKLController``, and
   ``RemoteExperienceMaker.compute_advantages_and_returns`` for every advantage estimator openrlhf offers
   (GAE, REINFORCE and the group baselines), which itself calls openrlhf's ``compute_reward`` (reward on the
-  last response token, minus the KL penalty on every token). That method lives on a class whose constructor
-  wants Ray actor groups; our ``compute_advantages_and_returns`` calls it unmodified on an instance made
-  without its constructor, with exactly the attributes the method reads (see there).
+  last response token, minus the KL penalty on every token).
 * Written here because openrlhf's versions need CUDA, DeepSpeed or Ray on every step: the LoRA policy with
   its reference (the same weights with the adapter switched off), the value head, sampling with HF
   ``generate``, the minibatch loop with plain AdamW, and checkpoints.
-* ``build_train_ppo_ray_command`` / ``parse_train_ppo_ray_args``: the command for the same job at scale
-  on a GPU Ray cluster (vLLM rollouts, DeepSpeed), checked by openrlhf's real argument parser.
 
-openrlhf 0.11.2 imports ``flash_attn`` and ``vllm`` at module level in modules we need, and neither
-installs on a CPU machine. ``install_cpu_stand_ins`` registers minimal stand-ins for them in
-``sys.modules``, only where the real package is missing, before openrlhf is imported. Nothing here
-runs on import: openrlhf, peft and transformers are imported on first use.
+Nothing here runs on import: openrlhf (after the CPU stand-ins of ``pipelines.rl.stand_ins``), peft and
+transformers are imported on first use.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
-import contextlib
 import dataclasses
-import importlib
-import importlib.machinery
-import importlib.util
-import inspect
-import io
-import logging
 import math
-import sys
 import time
 import types
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 
-log = logging.getLogger(__name__)
-
-TRAIN_PPO_RAY_MODULE = "openrlhf.cli.train_ppo_ray"
+from pipelines.rl.stand_ins import install_cpu_stand_ins
 
 # The estimators that openrlhf's compute_advantages_and_returns implements (its CLI choices).
 ADVANTAGE_ESTIMATORS = ("gae", "reinforce", "rloo", "reinforce_baseline", "group_norm", "dr_grpo", "flash_reinforce")
@@ -76,125 +59,6 @@ PPO_CONFIG_FIELDS = {
     "reward_clip_range": "(low, high) applied to the rewards before the KL penalty",
     "seed": "seed of the minibatch shuffling",
 }
-
-
-# --------------------------------------------------------------------------------------------------
-# CPU stand-ins for flash_attn and vllm
-# --------------------------------------------------------------------------------------------------
-
-
-class StandInError(RuntimeError):
-    """Raised when code reaches a part of flash_attn or vllm that the CPU stand-ins do not provide."""
-
-
-def _needs_gpu(qualname: str, package: str):
-    def unavailable(*args: Any, **kwargs: Any):
-        raise StandInError(
-            f"{qualname} needs the real {package} package on a CUDA GPU; this process has only the CPU "
-            f"import stand-in from pipelines.rl.ppo. Run this path on a GPU machine with {package} installed."
-        )
-
-    unavailable.__name__ = unavailable.__qualname__ = qualname.rsplit(".", 1)[-1]
-    return unavailable
-
-
-def _index_first_axis(tensor: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
-    """flash_attn.bert_padding.index_first_axis: rows ``indices`` of ``tensor`` (autograd by plain indexing)."""
-    return tensor[indices]
-
-
-def _unpad_input(hidden_states: torch.Tensor, attention_mask: torch.Tensor, unused_mask: torch.Tensor | None = None):
-    """flash_attn 2.8's unpad_input: (tokens, indices, cu_seqlens, max_seqlen, used_seqlens), pure torch."""
-    all_masks = attention_mask + unused_mask if unused_mask is not None else attention_mask
-    seqlens = all_masks.sum(dim=-1, dtype=torch.int32)
-    used_seqlens = attention_mask.sum(dim=-1, dtype=torch.int32)
-    indices = torch.nonzero(all_masks.flatten(), as_tuple=False).flatten()
-    cu_seqlens = torch.nn.functional.pad(torch.cumsum(seqlens, dim=0, dtype=torch.int32), (1, 0))
-    flat = hidden_states.reshape(-1, *hidden_states.shape[2:])
-    return flat[indices], indices, cu_seqlens, int(seqlens.max().item()), used_seqlens
-
-
-def _pad_input(hidden_states: torch.Tensor, indices: torch.Tensor, batch: int, seqlen: int) -> torch.Tensor:
-    """flash_attn.bert_padding.pad_input: scatter unpadded tokens back to (batch, seqlen, ...), zeros elsewhere."""
-    out = hidden_states.new_zeros(batch * seqlen, *hidden_states.shape[1:])
-    out[indices] = hidden_states
-    return out.reshape(batch, seqlen, *hidden_states.shape[1:])
-
-
-def _stand_in(name: str, doc: str, attrs: dict[str, Any], package: bool = False) -> types.ModuleType:
-    module = types.ModuleType(name, doc)
-    # A real spec keeps importlib.util.find_spec() working; an empty __path__ makes any submodule we
-    # do not define an ImportError, so optional imports (flash_attn.ops.triton...) take their fallback.
-    module.__spec__ = importlib.machinery.ModuleSpec(name, loader=None, is_package=package)
-    if package:
-        module.__path__ = []
-    module.__cpu_stand_in__ = True
-    module.__dict__.update(attrs)
-    return module
-
-
-def _stand_in_modules() -> dict[str, types.ModuleType]:
-    from einops import rearrange  # what flash_attn.bert_padding re-exports; an openrlhf dependency
-
-    fa, vl = "flash-attn", "vllm"
-    return {
-        # openrlhf/models/ring_attn_utils.py imports these at module level; they are used only for packed
-        # samples and ring attention, which need flash-attn kernels anyway.
-        "flash_attn": _stand_in("flash_attn", "CPU import stand-in for flash-attn.", {}, package=True),
-        "flash_attn.bert_padding": _stand_in(
-            "flash_attn.bert_padding",
-            "Pure-torch padding helpers with flash-attn 2.8's signatures.",
-            {
-                "index_first_axis": _index_first_axis,
-                "pad_input": _pad_input,
-                "unpad_input": _unpad_input,
-                "rearrange": rearrange,
-            },
-        ),
-        "flash_attn.utils": _stand_in("flash_attn.utils", "CPU import stand-in.", {}, package=True),
-        "flash_attn.utils.distributed": _stand_in(
-            "flash_attn.utils.distributed",
-            "CPU import stand-in: collective ops need flash-attn on GPUs.",
-            {"all_gather": _needs_gpu("flash_attn.utils.distributed.all_gather", fa)},
-        ),
-        # openrlhf's Ray trainer, experience maker and CLI import vllm at module level; generation with
-        # vLLM engines is the GPU path. Every name they import exists here and raises when called.
-        "vllm": _stand_in(
-            "vllm",
-            "CPU import stand-in for vllm; every use raises.",
-            {
-                "SamplingParams": _needs_gpu("vllm.SamplingParams", vl),
-                "AsyncEngineArgs": _needs_gpu("vllm.AsyncEngineArgs", vl),
-                "AsyncLLMEngine": _needs_gpu("vllm.AsyncLLMEngine", vl),
-                "LLM": _needs_gpu("vllm.LLM", vl),
-            },
-            package=True,
-        ),
-        "vllm.inputs": _stand_in(
-            "vllm.inputs", "CPU import stand-in.", {"TokensPrompt": _needs_gpu("vllm.inputs.TokensPrompt", vl)}
-        ),
-        "vllm.utils": _stand_in(
-            "vllm.utils", "CPU import stand-in.", {"random_uuid": _needs_gpu("vllm.utils.random_uuid", vl)}
-        ),
-    }
-
-
-def install_cpu_stand_ins() -> list[str]:
-    """Register the flash_attn / vllm stand-ins for each top-level package that is not installed.
-
-    Idempotent; a real installation is never shadowed. Returns the module names registered by this call.
-    """
-    installed = []
-    for top in ("flash_attn", "vllm"):
-        if importlib.util.find_spec(top) is not None:  # the real package, or our stand-in from an earlier call
-            continue
-        for name, module in _stand_in_modules().items():
-            if name == top or name.startswith(top + "."):
-                sys.modules[name] = module
-                installed.append(name)
-    if installed:
-        log.info("CPU import stand-ins registered for: %s", ", ".join(installed))
-    return installed
 
 
 def _openrlhf() -> types.SimpleNamespace:
@@ -544,26 +408,16 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else math.nan
 
 
-def compute_advantages_and_returns(
-    config, kl_ctl, *, rewards: torch.Tensor, kl: torch.Tensor, values: torch.Tensor | None, action_mask: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """openrlhf's ``RemoteExperienceMaker.compute_advantages_and_returns``, unmodified, on one batch.
+def _experience_maker(config, kl_ctl, orl: types.SimpleNamespace):
+    """openrlhf's ``RemoteExperienceMaker`` made without its constructor, for its advantage method alone.
 
-    ``rewards`` (B,), ``kl`` and ``values`` (B, R) per response token (``values`` None without a critic),
-    ``action_mask`` (B, R). Returns advantages (B, R), returns (B, R) and each sample's shaped return (B,):
-    the reward on its last response token minus the KL penalty summed over its tokens.
-
-    The method lives on a class whose constructor wants Ray actor groups and a DeepSpeed strategy, but the
-    method itself reads only ``self.strategy.args``, ``self.advantage_estimator``, ``self.kl_ctl`` and the
-    helpers ``get_advantages_and_returns`` (GAE) / ``get_cumulative_returns`` (REINFORCE family), neither of
-    which touches the instance. So the instance is made without its constructor and given exactly those,
-    with ``args`` built by openrlhf's own ``hierarchize`` from the CLI's dotted names. The method subtracts
-    the group baseline of rloo / reinforce_baseline / group_norm / dr_grpo over groups of
-    ``n_samples_per_prompt`` consecutive rows, applies ``compute_reward`` with the controller's current
-    coefficient, runs GAE or cumulative returns, and whitens the advantages for gae / reinforce /
-    reinforce_baseline.
+    Why: the constructor wants Ray actor groups, vLLM engines and a DeepSpeed strategy, none of which the
+    local update has; but ``compute_advantages_and_returns`` reads only ``self.strategy.args``,
+    ``self.advantage_estimator``, ``self.kl_ctl`` and two helpers (``get_advantages_and_returns`` for GAE,
+    ``get_cumulative_returns`` for the REINFORCE family) that do not touch the instance. So the instance is
+    given exactly those, with ``args`` built by openrlhf's own ``hierarchize`` from the CLI's dotted names,
+    and the method runs unmodified.
     """
-    orl = _openrlhf()
     args = orl.hierarchize(
         argparse.Namespace(
             **{
@@ -583,6 +437,24 @@ def compute_advantages_and_returns(
     maker.args = args
     maker.advantage_estimator = config.advantage_estimator
     maker.kl_ctl = kl_ctl
+    return maker
+
+
+def compute_advantages_and_returns(
+    config, kl_ctl, *, rewards: torch.Tensor, kl: torch.Tensor, values: torch.Tensor | None, action_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """openrlhf's ``RemoteExperienceMaker.compute_advantages_and_returns``, unmodified, on one batch.
+
+    ``rewards`` (B,), ``kl`` and ``values`` (B, R) per response token (``values`` None without a critic),
+    ``action_mask`` (B, R). Returns advantages (B, R), returns (B, R) and each sample's shaped return (B,):
+    the reward on its last response token minus the KL penalty summed over its tokens.
+
+    The method subtracts the group baseline of rloo / reinforce_baseline / group_norm / dr_grpo over groups
+    of ``n_samples_per_prompt`` consecutive rows, applies ``compute_reward`` with the controller's current
+    coefficient, runs GAE or cumulative returns, and whitens the advantages for gae / reinforce /
+    reinforce_baseline.
+    """
+    orl = _openrlhf()
     n = rewards.numel()
     experience = orl.Experience(
         action_mask=action_mask.bool(),
@@ -591,173 +463,5 @@ def compute_advantages_and_returns(
         rewards=rewards.float().clone(),
         index=list(range(n)),
     )
-    (experience,) = maker.compute_advantages_and_returns([experience])
+    (experience,) = _experience_maker(config, kl_ctl, orl).compute_advantages_and_returns([experience])
     return experience.advantages, experience.returns, experience.info["return"].float()
-
-
-# --------------------------------------------------------------------------------------------------
-# The same job at scale: openrlhf's train_ppo_ray on a GPU Ray cluster
-# --------------------------------------------------------------------------------------------------
-
-
-def build_train_ppo_ray_command(
-    *,
-    pretrain: str,
-    prompt_data: str,
-    reward_file: str,
-    save_path: str,
-    input_key: str = "input",
-    apply_chat_template: bool = True,
-    actor_gpus: int = 1,
-    critic_gpus: int = 1,
-    ref_gpus: int = 1,
-    vllm_engines: int = 1,
-    vllm_tensor_parallel_size: int = 1,
-    colocate_all: bool = False,
-    micro_train_batch_size: int = 4,
-    train_batch_size: int = 64,
-    micro_rollout_batch_size: int = 8,
-    rollout_batch_size: int = 64,
-    n_samples_per_prompt: int = 8,
-    max_new_tokens: int = 64,
-    max_len: int = 1024,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    actor_lr: float = 1e-5,
-    critic_lr: float = 1e-5,
-    kl_coef: float = 0.01,
-    kl_target: float | None = None,
-    advantage_estimator: str = "gae",
-    gamma: float = 1.0,
-    lambd: float = 0.95,
-    eps_clip: float = 0.2,
-    max_epochs: int = 1,
-    num_episodes: int = 1,
-    lora_rank: int = 8,
-    lora_alpha: int = 16,
-    lora_target_modules: Sequence[str] = ("q_proj", "k_proj", "v_proj", "o_proj"),
-    zero_stage: int = 2,
-    seed: int = 42,
-    wandb_project: str | None = None,
-    wandb_run_name: str | None = None,
-    wandb_org: str | None = None,
-    wandb_group: str | None = None,
-    wandb_key: str = "env",
-    python: str = "python",
-) -> list[str]:
-    """argv of ``python -m openrlhf.cli.train_ppo_ray`` for this tuning job on a GPU Ray cluster.
-
-    ``prompt_data`` is a JSONL file whose ``input_key`` holds the meta-prompt; ``reward_file`` is a Python file
-    with ``reward_func(queries, prompts, labels)`` (openrlhf loads it through ``--reward.remote_url``).
-    W&B logging is on when ``wandb_project`` is given. openrlhf switches it on by a truthy ``--logger.wandb.key``
-    and logs in with that key only when wandb has none yet, so the default "env" keeps the real key in
-    ``WANDB_API_KEY`` and off the command line.
-    Every flag emitted exists in openrlhf 0.11.2's parser; tests run ``parse_train_ppo_ray_args`` on the result.
-    """
-    if advantage_estimator not in ADVANTAGE_ESTIMATORS:
-        raise ValueError(f"advantage_estimator {advantage_estimator!r} is not one of {ADVANTAGE_ESTIMATORS}")
-    argv = [
-        python, "-m", TRAIN_PPO_RAY_MODULE,
-        "--actor.model_name_or_path", pretrain,
-        "--data.prompt_dataset", prompt_data,
-        "--data.input_key", input_key,
-        "--reward.remote_url", reward_file,
-        "--ckpt.output_dir", save_path,
-        "--actor.num_nodes", "1", "--actor.num_gpus_per_node", str(actor_gpus),
-        "--ref.num_nodes", "1", "--ref.num_gpus_per_node", str(ref_gpus),
-        "--vllm.num_engines", str(vllm_engines),
-        "--vllm.tensor_parallel_size", str(vllm_tensor_parallel_size),
-        "--train.micro_batch_size", str(micro_train_batch_size),
-        "--train.batch_size", str(train_batch_size),
-        "--rollout.micro_batch_size", str(micro_rollout_batch_size),
-        "--rollout.batch_size", str(rollout_batch_size),
-        "--rollout.n_samples_per_prompt", str(n_samples_per_prompt),
-        "--rollout.max_new_tokens", str(max_new_tokens),
-        "--data.max_len", str(max_len),
-        "--rollout.temperature", str(temperature),
-        "--rollout.top_p", str(top_p),
-        "--actor.adam.lr", str(actor_lr),
-        "--algo.kl.init_coef", str(kl_coef),
-        "--algo.advantage.estimator", advantage_estimator,
-        "--algo.advantage.gamma", str(gamma),
-        "--algo.advantage.lambd", str(lambd),
-        "--actor.eps_clip", str(eps_clip),
-        "--train.max_epochs", str(max_epochs),
-        "--train.num_episodes", str(num_episodes),
-        "--ds.zero_stage", str(zero_stage),
-        "--ds.param_dtype", "bf16",
-        "--train.seed", str(seed),
-    ]
-    if advantage_estimator == "gae":  # only GAE trains a critic (openrlhf drops it for the others)
-        argv += ["--critic.num_nodes", "1", "--critic.num_gpus_per_node", str(critic_gpus)]
-        argv += ["--critic.adam.lr", str(critic_lr)]
-    if kl_target is not None:
-        argv += ["--algo.kl.target", str(kl_target)]
-    if lora_rank > 0:
-        argv += ["--ds.lora.rank", str(lora_rank), "--ds.lora.alpha", str(lora_alpha)]
-        argv += ["--ds.lora.target_modules", *lora_target_modules]
-    if apply_chat_template:
-        argv.append("--data.apply_chat_template")
-    if colocate_all:
-        argv += ["--train.colocate_all", "--vllm.enable_sleep", "--ds.enable_sleep"]
-    if wandb_project is not None:
-        argv += ["--logger.wandb.key", wandb_key, "--logger.wandb.project", wandb_project]
-        for flag, value in (("run_name", wandb_run_name), ("org", wandb_org), ("group", wandb_group)):
-            if value is not None:
-                argv += [f"--logger.wandb.{flag}", value]
-    return argv
-
-
-def _main_block(source: str, filename: str) -> types.CodeType:
-    """The body of the module's ``if __name__ == "__main__":`` block, compiled as its own code."""
-    tree = ast.parse(source)
-    for node in tree.body:
-        if (
-            isinstance(node, ast.If)
-            and isinstance(node.test, ast.Compare)
-            and isinstance(node.test.left, ast.Name)
-            and node.test.left.id == "__name__"
-        ):
-            return compile(ast.Module(body=node.body, type_ignores=[]), filename, "exec")
-    raise RuntimeError(f"{filename} has no `if __name__ == '__main__':` block; openrlhf's CLI layout changed")
-
-
-def parse_train_ppo_ray_args(argv: Sequence[str]) -> types.SimpleNamespace:
-    """Run openrlhf's real train_ppo_ray argument parser and its validation on ``argv``; return its args.
-
-    openrlhf builds the parser inside ``if __name__ == "__main__":`` and ends that block with ``train(args)``.
-    So the module is imported normally (with the CPU stand-ins), and that block's own code is executed on a
-    copy of the module's namespace in which ``train`` only captures its argument: parser, ``hierarchize``
-    and every check run unmodified. ``argv`` may start with ``python -m openrlhf.cli.train_ppo_ray``.
-    Raises ValueError when the parser exits, a validation assertion fails, or openrlhf prints a
-    "[Warning]" (it then rewrites an argument silently). Swaps ``sys.argv`` while it runs.
-    """
-    argv = list(argv)
-    if TRAIN_PPO_RAY_MODULE in argv:
-        argv = argv[argv.index(TRAIN_PPO_RAY_MODULE) + 1 :]
-    install_cpu_stand_ins()
-    module = importlib.import_module(TRAIN_PPO_RAY_MODULE)
-    code = _main_block(inspect.getsource(module), module.__file__)
-    captured: list[types.SimpleNamespace] = []
-    namespace = dict(vars(module), __name__="__main__", train=captured.append)
-    stdout, stderr = io.StringIO(), io.StringIO()
-    saved_argv = sys.argv
-    sys.argv = [module.__file__, *argv]
-    try:
-        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-            exec(code, namespace)
-    except SystemExit as exc:
-        raise ValueError(f"openrlhf's train_ppo_ray parser exited ({exc.code}): {stderr.getvalue().strip()}") from None
-    except AssertionError as exc:
-        raise ValueError(f"openrlhf's train_ppo_ray rejected the arguments: {exc}") from None
-    finally:
-        sys.argv = saved_argv
-    printed = stdout.getvalue().splitlines()
-    warnings = [line for line in printed if line.startswith("[Warning]")]
-    if warnings:
-        raise ValueError("openrlhf's train_ppo_ray would rewrite arguments: " + " | ".join(warnings))
-    for line in printed:
-        log.info("train_ppo_ray: %s", line)
-    if len(captured) != 1:
-        raise RuntimeError("openrlhf's train_ppo_ray main block did not reach train(args)")
-    return captured[0]
