@@ -123,7 +123,7 @@ def tune(task: TaskConfig, options: RunOptions, *, resume: bool = False, log=pri
     pool = ScoringPool(task, splits, target_model=options.target_model, judge_model=options.judge_model,
                        num_workers=options.num_scorers, reward_examples=n_reward)
     policy = load_causal_lm(options.policy_model)
-    learner = rl.PPOLearner(policy.model, task.ppo.model_copy(update={"n_samples_per_prompt": task.generation.candidates_per_step}))
+    learner = rl.PPOLearner(policy.model, task.ppo, group_size=task.generation.candidates_per_step)
     if policy_ckpt is not None:
         learner.load_adapter(policy_ckpt)
     pool.wait_ready()

@@ -2,7 +2,7 @@
 
 import pytest
 
-from pipelines.rl import ppo
+from pipelines.config import ADVANTAGE_ESTIMATORS
 from pipelines.rl.train_ppo_ray import build_train_ppo_ray_command, parse_train_ppo_ray_args
 
 
@@ -63,7 +63,7 @@ def test_the_command_parses_with_openrlhfs_parser_and_keeps_every_value():
     assert args.logger.wandb.key == "env"  # truthy switches W&B on; the real key stays in WANDB_API_KEY
 
 
-@pytest.mark.parametrize("estimator", [e for e in ppo.ADVANTAGE_ESTIMATORS if e != "gae"])
+@pytest.mark.parametrize("estimator", [e for e in ADVANTAGE_ESTIMATORS if e != "gae"])
 def test_every_estimator_the_adapter_offers_is_one_openrlhf_accepts(estimator):
     args = parse_train_ppo_ray_args(_command(advantage_estimator=estimator, n_samples_per_prompt=4))
     assert args.algo.advantage.estimator == estimator

@@ -28,37 +28,12 @@ from typing import Sequence
 
 import torch
 
+from pipelines.config import PPOConfig
 from pipelines.rl.stand_ins import install_cpu_stand_ins
 
-# The estimators that openrlhf's compute_advantages_and_returns implements (its CLI choices).
-ADVANTAGE_ESTIMATORS = ("gae", "reinforce", "rloo", "reinforce_baseline", "group_norm", "dr_grpo", "flash_reinforce")
-# These subtract a baseline computed over the samples of one prompt (consecutive rows of a batch).
+# These subtract a baseline computed over the samples of one prompt (consecutive rows of a batch), so they
+# need at least two samples per prompt; the learner checks its group_size against them.
 GROUP_ESTIMATORS = ("rloo", "reinforce_baseline", "group_norm", "dr_grpo")
-KL_ESTIMATORS = ("k1", "k2", "k3")
-
-# Attributes the learner reads from its config (a PPOConfig or anything with these names):
-PPO_CONFIG_FIELDS = {
-    "advantage_estimator": "one of " + ", ".join(ADVANTAGE_ESTIMATORS),
-    "gamma": "discount; must be 1.0 for every estimator but gae and reinforce (openrlhf forces it)",
-    "lambd": "GAE lambda",
-    "clip_eps": "PPO ratio clip range",
-    "value_clip_eps": "value clip range, or None for an unclipped value loss",
-    "kl_coef": "initial coefficient of the KL penalty in the reward",
-    "kl_target": "None for a fixed coefficient, else the target KL of the adaptive controller",
-    "kl_horizon": "horizon of the adaptive KL controller, in samples",
-    "kl_estimator": "k1, k2 or k3",
-    "ppo_epochs": "passes over each rollout batch",
-    "minibatch_size": "samples per optimizer step",
-    "lr": "AdamW learning rate of the LoRA adapter",
-    "critic_lr": "AdamW learning rate of the value head",
-    "max_grad_norm": "gradient clipping, per optimizer step",
-    "lora_rank": "LoRA rank",
-    "lora_alpha": "LoRA alpha",
-    "lora_target_modules": "module names that get a LoRA adapter, e.g. q_proj, k_proj, v_proj, o_proj",
-    "n_samples_per_prompt": "samples per prompt, consecutive rows of a batch (the group of the group estimators)",
-    "reward_clip_range": "(low, high) applied to the rewards before the KL penalty",
-    "seed": "seed of the minibatch shuffling",
-}
 
 
 def _openrlhf() -> types.SimpleNamespace:
@@ -197,29 +172,6 @@ def sample(
 # --------------------------------------------------------------------------------------------------
 
 
-def _check_config(config) -> None:
-    missing = [name for name in PPO_CONFIG_FIELDS if not hasattr(config, name)]
-    if missing:
-        raise TypeError(
-            "the PPO config lacks " + ", ".join(missing) + "; it needs: "
-            + "; ".join(f"{k} ({v})" for k, v in PPO_CONFIG_FIELDS.items())
-        )
-    problems = []
-    if config.advantage_estimator not in ADVANTAGE_ESTIMATORS:
-        problems.append(f"advantage_estimator {config.advantage_estimator!r} is not one of {ADVANTAGE_ESTIMATORS}")
-    if config.advantage_estimator in GROUP_ESTIMATORS and config.n_samples_per_prompt < 2:
-        problems.append(f"advantage_estimator {config.advantage_estimator!r} needs n_samples_per_prompt >= 2")
-    if config.advantage_estimator not in ("gae", "reinforce") and config.gamma != 1.0:
-        problems.append(f"gamma must be 1.0 with advantage_estimator {config.advantage_estimator!r}")
-    if config.kl_estimator not in KL_ESTIMATORS:
-        problems.append(f"kl_estimator {config.kl_estimator!r} is not one of {KL_ESTIMATORS}")
-    for name in ("ppo_epochs", "minibatch_size", "lora_rank", "n_samples_per_prompt"):
-        if getattr(config, name) < 1:
-            problems.append(f"{name} must be >= 1")
-    if problems:
-        raise ValueError("PPO config: " + "; ".join(problems))
-
-
 class PPOLearner:
     """PPO on a LoRA adapter of a causal LM, with openrlhf's losses, KL penalty and advantage estimators.
 
@@ -233,13 +185,21 @@ class PPOLearner:
       reference pass's detached last hidden states. The features are fixed per rollout, so the critic is cheap
       to train for several epochs; it learns a value function over frozen features rather than a full critic LM.
     * The model stays in eval mode: no dropout, so the first PPO ratio is exactly 1 (the usual RLHF practice).
+    * ``group_size``: samples per prompt, as consecutive rows of every batch; the group estimators take their
+      baseline over each such group.
     """
 
-    def __init__(self, model, config) -> None:
-        _check_config(config)
+    def __init__(self, model, config: PPOConfig, *, group_size: int) -> None:
+        needed = 2 if config.advantage_estimator in GROUP_ESTIMATORS else 1
+        if group_size < needed:
+            raise ValueError(
+                f"group_size is {group_size}, but advantage_estimator {config.advantage_estimator!r} needs "
+                f"group_size >= {needed} samples per prompt (generation.candidates_per_step in the loop)"
+            )
         import peft
 
         self.config = config
+        self.group_size = group_size
         self._orl = _openrlhf()
         lora = peft.LoraConfig(
             task_type=peft.TaskType.CAUSAL_LM,
@@ -289,8 +249,8 @@ class PPOLearner:
         n = seq.size(0)
         if batch.rewards.shape != (n,):
             raise ValueError(f"rewards must have shape ({n},), one per sample; got {tuple(batch.rewards.shape)}")
-        if n % cfg.n_samples_per_prompt:
-            raise ValueError(f"batch of {n} is not a multiple of n_samples_per_prompt={cfg.n_samples_per_prompt}")
+        if n % self.group_size:
+            raise ValueError(f"batch of {n} is not a multiple of group_size={self.group_size} (samples per prompt)")
         self.actor.temperature = batch.temperature  # log-probs of the distribution the sampler drew from
 
         # experience: old log-probs (policy), reference log-probs (adapter off) and values, without grad
@@ -308,7 +268,8 @@ class PPOLearner:
         kl_per_sample = orl.masked_mean(kl, amask, dim=-1)
         kl_coef = self.kl_ctl.value
         advantages, returns, episode_returns = compute_advantages_and_returns(
-            cfg, self.kl_ctl, rewards=batch.rewards, kl=kl, values=old_values, action_mask=amask
+            cfg, self.kl_ctl, group_size=self.group_size, rewards=batch.rewards, kl=kl, values=old_values,
+            action_mask=amask,
         )
         experience_s = time.perf_counter() - start
 
@@ -408,7 +369,7 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else math.nan
 
 
-def _experience_maker(config, kl_ctl, orl: types.SimpleNamespace):
+def _experience_maker(config: PPOConfig, kl_ctl, group_size: int, orl: types.SimpleNamespace):
     """openrlhf's ``RemoteExperienceMaker`` made without its constructor, for its advantage method alone.
 
     Why: the constructor wants Ray actor groups, vLLM engines and a DeepSpeed strategy, none of which the
@@ -425,7 +386,7 @@ def _experience_maker(config, kl_ctl, orl: types.SimpleNamespace):
                 "algo.advantage.gamma": float(config.gamma),
                 "algo.advantage.lambd": float(config.lambd),
                 "algo.advantage.no_std_norm": False,
-                "rollout.n_samples_per_prompt": config.n_samples_per_prompt,
+                "rollout.n_samples_per_prompt": group_size,
                 "reward.clip_range": tuple(config.reward_clip_range),
                 "reward.overlong_buffer_len": None,  # length penalties: off (the reward function owns them)
                 "reward.stop_properly_penalty_coef": None,
@@ -441,7 +402,14 @@ def _experience_maker(config, kl_ctl, orl: types.SimpleNamespace):
 
 
 def compute_advantages_and_returns(
-    config, kl_ctl, *, rewards: torch.Tensor, kl: torch.Tensor, values: torch.Tensor | None, action_mask: torch.Tensor
+    config: PPOConfig,
+    kl_ctl,
+    *,
+    group_size: int,
+    rewards: torch.Tensor,
+    kl: torch.Tensor,
+    values: torch.Tensor | None,
+    action_mask: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """openrlhf's ``RemoteExperienceMaker.compute_advantages_and_returns``, unmodified, on one batch.
 
@@ -450,7 +418,7 @@ def compute_advantages_and_returns(
     the reward on its last response token minus the KL penalty summed over its tokens.
 
     The method subtracts the group baseline of rloo / reinforce_baseline / group_norm / dr_grpo over groups
-    of ``n_samples_per_prompt`` consecutive rows, applies ``compute_reward`` with the controller's current
+    of ``group_size`` consecutive rows, applies ``compute_reward`` with the controller's current
     coefficient, runs GAE or cumulative returns, and whitens the advantages for gae / reinforce /
     reinforce_baseline.
     """
@@ -463,5 +431,5 @@ def compute_advantages_and_returns(
         rewards=rewards.float().clone(),
         index=list(range(n)),
     )
-    (experience,) = _experience_maker(config, kl_ctl, orl).compute_advantages_and_returns([experience])
+    (experience,) = _experience_maker(config, kl_ctl, group_size, orl).compute_advantages_and_returns([experience])
     return experience.advantages, experience.returns, experience.info["return"].float()

@@ -18,7 +18,7 @@ import sys
 import types
 from typing import Sequence
 
-from pipelines.rl.ppo import ADVANTAGE_ESTIMATORS
+from pipelines.config import ADVANTAGE_ESTIMATORS
 
 log = logging.getLogger(__name__)
 
