@@ -88,6 +88,17 @@ def test_dry_run_writes_the_files_and_prints_a_command_openrlhfs_parser_accepts(
     assert "none measured yet" in prompts[0] and "it barely separates the two labels" in prompts[1]
 
 
+def test_the_seed_and_the_response_length_come_from_the_task(tmp_path, capsys):
+    from pipelines.config import load_task
+    from pipelines.loop import RunOptions
+
+    task = load_task("risk").with_overrides(**{"ppo.seed": 7, "template.max_instruction_tokens": 40})
+    run_dir = tmp_path / "run"
+    assert cluster_job.prepare_job(task, RunOptions(run_dir=str(run_dir)), dry_run=True, json_output=True) == 0
+    args = parse_train_ppo_ray_args(_job(run_dir)["command"])
+    assert args.train.seed == 7 and args.rollout.max_new_tokens == 40
+
+
 def test_json_output_names_the_command_files_and_ray_address(tmp_path, capsys):
     run_dir = tmp_path / "run"
     assert _dry_run(run_dir, "--json", "--candidates", "4") == 0
