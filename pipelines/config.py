@@ -123,9 +123,9 @@ class PPOConfig(_Strict):
 
     model_config = ConfigDict(allow_inf_nan=False)  # merged with _Strict's; a NaN or inf here would poison every weight
 
-    advantage_estimator: Literal["gae", "reinforce", "rloo", "reinforce_baseline", "group_norm", "dr_grpo"] = Field(
-        "gae", description="openrlhf's advantage estimator; only gae trains a critic (the value head)"
-    )
+    advantage_estimator: Literal[
+        "gae", "reinforce", "rloo", "reinforce_baseline", "group_norm", "dr_grpo", "flash_reinforce"
+    ] = Field("gae", description="openrlhf's advantage estimator; only gae trains a critic (the value head)")
     gamma: float = Field(1.0, description="discount; must be 1.0 for every estimator but gae and reinforce")
     lambd: float = Field(0.95, description="GAE lambda")
     clip_eps: float = Field(0.2, description="PPO ratio clip range")

@@ -110,6 +110,13 @@ def test_group_baselines_use_consecutive_rows_as_groups():
     assert advantages[:, 0].tolist() == [-1.0, 1.0, -5.0, 5.0]
 
 
+def test_flash_reinforce_subtracts_the_batch_mean_without_groups_or_whitening():
+    advantages, returns, _ = _estimate("flash_reinforce", [1.0, 3.0, 5.0, 7.0], group_size=2)
+    expected = torch.tensor([-3.0, -1.0, 1.0, 3.0]).unsqueeze(1).expand(4, 3)  # batch mean 4, not pair means
+    torch.testing.assert_close(advantages, expected)
+    torch.testing.assert_close(returns, expected)
+
+
 def test_reinforce_baseline_subtracts_the_group_mean_then_whitens():
     advantages, _, _ = _estimate("reinforce_baseline", [1.0, 0.0, 2.0, 0.0], group_size=4)
     centred = torch.tensor([0.25, -0.75, 1.25, -0.75]).unsqueeze(1).expand(4, 3)
@@ -255,9 +262,12 @@ def test_save_and_load_restore_the_policy_value_head_and_optimizers(trained, tmp
 
 
 @pytest.mark.e2e
-def test_a_critic_free_estimator_runs_one_step_without_a_value_loss():
+# flash_reinforce runs the same learner code as rloo but for openrlhf's baseline (tested above on tiny
+# tensors), so its full step is marked slow to keep the default suite's time.
+@pytest.mark.parametrize("estimator", ["rloo", pytest.param("flash_reinforce", marks=pytest.mark.slow)])
+def test_a_critic_free_estimator_runs_one_step_without_a_value_loss(estimator):
     model, tokenizer = _load_policy_base()
-    learner = ppo.PPOLearner(model, _config(advantage_estimator="rloo", minibatch_size=8), group_size=4)
+    learner = ppo.PPOLearner(model, _config(advantage_estimator=estimator, minibatch_size=8), group_size=4)
     batch = ppo.sample(learner.policy, tokenizer, [META_PROMPT] * 8, 16, 1.0, 1.0, seed=7)
     metrics = learner.step(batch.with_rewards(_reward(batch.texts)))
     assert "train/value_loss" not in metrics

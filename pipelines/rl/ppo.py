@@ -6,7 +6,7 @@ What runs here, and whose code it is:
   the sampler), ``compute_approx_kl``, ``PolicyLoss`` (clipped PPO), ``ValueLoss`` (clipped value loss),
   ``masked_mean``, ``AdaptiveKLController`` / ``FixedKLController``, and
   ``RemoteExperienceMaker.compute_advantages_and_returns`` for every advantage estimator openrlhf offers
-  (GAE, REINFORCE and the group baselines), which itself calls openrlhf's ``compute_reward`` (reward on the
+  (GAE, REINFORCE, the group baselines and FlashREINFORCE's batch baseline), which itself calls openrlhf's ``compute_reward`` (reward on the
   last response token, minus the KL penalty on every token).
 * Written here because openrlhf's versions need CUDA, DeepSpeed or Ray on every step: the LoRA policy with
   its reference (the same weights with the adapter switched off), the value head, sampling with HF
@@ -32,7 +32,8 @@ from pipelines.config import PPOConfig
 from pipelines.rl.stand_ins import install_cpu_stand_ins
 
 # These subtract a baseline computed over the samples of one prompt (consecutive rows of a batch), so they
-# need at least two samples per prompt; the learner checks its group_size against them.
+# need at least two samples per prompt; the learner checks its group_size against them. flash_reinforce is
+# not one of them: its baseline is the mean over the whole batch.
 GROUP_ESTIMATORS = ("rloo", "reinforce_baseline", "group_norm", "dr_grpo")
 
 
@@ -418,7 +419,7 @@ def compute_advantages_and_returns(
     the reward on its last response token minus the KL penalty summed over its tokens.
 
     The method subtracts the group baseline of rloo / reinforce_baseline / group_norm / dr_grpo over groups
-    of ``group_size`` consecutive rows, applies ``compute_reward`` with the controller's current
+    of ``group_size`` consecutive rows (flash_reinforce: the mean of the whole batch), applies ``compute_reward`` with the controller's current
     coefficient, runs GAE or cumulative returns, and whitens the advantages for gae / reinforce /
     reinforce_baseline.
     """
