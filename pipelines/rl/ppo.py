@@ -6,14 +6,16 @@ What runs here, and whose code it is:
   the sampler), ``compute_approx_kl``, ``PolicyLoss`` (clipped PPO), ``ValueLoss`` (clipped value loss),
   ``masked_mean``, ``AdaptiveKLController`` / ``FixedKLController``, and
   ``RemoteExperienceMaker.compute_advantages_and_returns`` for every advantage estimator openrlhf offers
-  (GAE, REINFORCE, the group baselines and FlashREINFORCE's batch baseline), which itself calls openrlhf's ``compute_reward`` (reward on the
-  last response token, minus the KL penalty on every token).
+  (GAE, REINFORCE, the group baselines and FlashREINFORCE's batch baseline), which itself calls openrlhf's
+  ``compute_reward`` (reward on the last response token, minus the KL penalty on every token).
 * Written here because openrlhf's versions need CUDA, DeepSpeed or Ray on every step: the LoRA policy with
   its reference (the same weights with the adapter switched off), the value head, sampling with HF
   ``generate``, the minibatch loop with plain AdamW, and checkpoints.
 
 Nothing here runs on import: openrlhf (after the CPU stand-ins of ``pipelines.rl.stand_ins``), peft and
-transformers are imported on first use.
+transformers are imported on first use. The module is longer than 400 lines because the sampler, the
+rollout record and the learner share one tensor layout (left-padded prompts, the response in the last R
+columns), which is easier to keep right when they sit together.
 """
 
 from __future__ import annotations
@@ -419,9 +421,9 @@ def compute_advantages_and_returns(
     the reward on its last response token minus the KL penalty summed over its tokens.
 
     The method subtracts the group baseline of rloo / reinforce_baseline / group_norm / dr_grpo over groups
-    of ``group_size`` consecutive rows (flash_reinforce: the mean of the whole batch), applies ``compute_reward`` with the controller's current
-    coefficient, runs GAE or cumulative returns, and whitens the advantages for gae / reinforce /
-    reinforce_baseline.
+    of ``group_size`` consecutive rows (flash_reinforce: the mean of the whole batch), applies
+    ``compute_reward`` with the controller's current coefficient, runs GAE or cumulative returns, and
+    whitens the advantages for gae / reinforce / reinforce_baseline.
     """
     orl = _openrlhf()
     n = rewards.numel()
