@@ -302,7 +302,7 @@ def run_tuning(task: TaskConfig, options: RunOptions, *, resume: bool, json_outp
 def cmd_tune(args) -> int:
     task, options = tuning_setup(args, None if args.no_store else (args.store or default_store_url()))
     if args.backend == "openrlhf":
-        from pipelines.openrlhf_job import prepare_job
+        from pipelines.rl.cluster_job import prepare_job
 
         return prepare_job(task, options, dry_run=args.dry_run, json_output=args.json)
     report = run_tuning(task, options, resume=args.resume, json_output=args.json)

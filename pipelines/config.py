@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -132,28 +132,59 @@ class GenerationConfig(_Strict):
 
 
 class PPOConfig(_Strict):
-    """The policy update (pipelines/openrlhf_adapter.py reads these fields; see PPO_CONFIG_FIELDS there)."""
+    """The policy update (``pipelines.rl.ppo.PPOLearner``; the cluster job passes the same values to openrlhf).
 
-    advantage_estimator: Literal["gae", "reinforce", "rloo", "reinforce_baseline", "group_norm", "dr_grpo"] = "gae"
-    gamma: float = 1.0
-    lambd: float = 0.95
-    clip_eps: float = 0.2
-    value_clip_eps: float | None = 0.2
-    kl_coef: float = Field(0.02, ge=0)
-    kl_target: float | None = None
-    kl_horizon: int = 10000
+    The group of the group estimators is not set here: it is the samples per prompt, which the caller
+    passes to the learner (the loop: ``generation.candidates_per_step``).
+    """
+
+    model_config = ConfigDict(allow_inf_nan=False)  # merged with _Strict's; a NaN or inf here would poison every weight
+
+    advantage_estimator: Literal[
+        "gae", "reinforce", "rloo", "reinforce_baseline", "group_norm", "dr_grpo", "flash_reinforce"
+    ] = Field("gae", description="openrlhf's advantage estimator; only gae trains a critic (the value head)")
+    gamma: float = Field(1.0, description="discount; must be 1.0 for every estimator but gae and reinforce")
+    lambd: float = Field(0.95, description="GAE lambda")
+    clip_eps: float = Field(0.2, description="PPO ratio clip range")
+    value_clip_eps: float | None = Field(0.2, description="value clip range, or None for an unclipped value loss")
+    kl_coef: float = Field(0.02, ge=0, description="initial coefficient of the KL penalty in the reward")
+    kl_target: float | None = Field(None, description="None: a fixed KL coefficient; else the adaptive target KL")
+    kl_horizon: int = Field(10000, description="horizon of the adaptive KL controller, in samples")
     kl_estimator: Literal["k1", "k2", "k3"] = "k1"
-    ppo_epochs: int = Field(2, ge=1)
-    minibatch_size: int = Field(4, ge=1)
-    lr: float = Field(2e-4, gt=0, description="LoRA learning rate")
-    critic_lr: float = Field(1e-3, gt=0)
-    max_grad_norm: float = 1.0
+    ppo_epochs: int = Field(2, ge=1, description="passes over each rollout batch")
+    minibatch_size: int = Field(4, ge=1, description="samples per optimizer step")
+    lr: float = Field(2e-4, gt=0, description="AdamW learning rate of the LoRA adapter")
+    critic_lr: float = Field(1e-3, gt=0, description="AdamW learning rate of the value head")
+    max_grad_norm: float = Field(1.0, description="gradient clipping, per optimizer step")
     lora_rank: int = Field(8, ge=1)
     lora_alpha: int = 16
-    lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
-    n_samples_per_prompt: int = Field(8, ge=1, description="group size for the group estimators")
-    reward_clip_range: tuple[float, float] = (-10.0, 10.0)
-    seed: int = 0
+    lora_target_modules: tuple[str, ...] = Field(
+        ("q_proj", "k_proj", "v_proj", "o_proj"), description="module names that get a LoRA adapter"
+    )
+    reward_clip_range: tuple[float, float] = Field(
+        (-10.0, 10.0), description="(low, high) applied to the rewards before the KL penalty"
+    )
+    seed: int = Field(0, description="the run's seed: sampling, minibatch order, the cluster job's --train.seed")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "PPOConfig":
+        if self.gamma != 1.0 and self.advantage_estimator not in ("gae", "reinforce"):
+            # openrlhf would reset it to 1.0 with only a log line; refuse instead of training on another value
+            raise ValueError(
+                f"gamma is {self.gamma}, but advantage_estimator {self.advantage_estimator!r} needs gamma 1.0 "
+                "(openrlhf discounts only for gae and reinforce): set ppo.gamma to 1.0 or choose gae or reinforce"
+            )
+        low, high = self.reward_clip_range
+        if not low < high:
+            raise ValueError(
+                f"reward_clip_range is {self.reward_clip_range}: give it as [low, high] with low < high, "
+                "e.g. [-10, 10]"
+            )
+        return self
+
+
+# The choices, read from PPOConfig's annotation so that nothing restates them.
+ADVANTAGE_ESTIMATORS: tuple[str, ...] = get_args(PPOConfig.model_fields["advantage_estimator"].annotation)
 
 
 class TaskConfig(_Strict):

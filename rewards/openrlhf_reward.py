@@ -10,7 +10,7 @@ weighs the components. An unusable candidate is not an error: it gets the task's
 local loop.
 
 Settings: ``reward_settings.json`` next to this file (``TUNE_PROMPTS_REWARD_SETTINGS`` may point elsewhere),
-written by ``pipelines/openrlhf_job.py``. Keys:
+written by ``pipelines/rl/cluster_job.py``. Keys:
 
 * ``task``: the task config as a mapping (what ``prepare_job`` writes, with ``task_base_dir`` for its
   relative paths), or a built-in task name, or a task YAML path (relative to the settings file);

@@ -19,9 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import openrlhf_job
 from pipelines.cli import main
-from pipelines.openrlhf_adapter import install_cpu_stand_ins, parse_train_ppo_ray_args
+from pipelines.rl import cluster_job
+from pipelines.rl.stand_ins import install_cpu_stand_ins
+from pipelines.rl.train_ppo_ray import parse_train_ppo_ray_args
 
 REPO = Path(__file__).resolve().parent.parent
 REPLY = "Decide whether this SMS message is a scam asking for money, a prize claim or a premium-rate call."
@@ -32,11 +33,11 @@ def _dry_run(run_dir: Path, *extra: str) -> int:
 
 
 def _job(run_dir: Path) -> dict:
-    return json.loads((run_dir / openrlhf_job.JOB_NAME).read_text())
+    return json.loads((run_dir / cluster_job.JOB_NAME).read_text())
 
 
 def _edit_settings(run_dir: Path, **changes) -> Path:
-    path = run_dir / openrlhf_job.SETTINGS_NAME
+    path = run_dir / cluster_job.SETTINGS_NAME
     path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
     return path
 
@@ -85,6 +86,30 @@ def test_dry_run_writes_the_files_and_prints_a_command_openrlhfs_parser_accepts(
     assert len(prompts) == len(set(prompts)) == args.rollout.batch_size >= 4
     assert all(set(r) == {"input"} and "Read the SMS message below." in r["input"] for r in records)
     assert "none measured yet" in prompts[0] and "it barely separates the two labels" in prompts[1]
+
+
+def test_the_seed_and_the_response_length_come_from_the_task(tmp_path, capsys):
+    from pipelines.config import RunOptions, load_task
+
+    task = load_task("risk").with_overrides(**{"ppo.seed": 7, "template.max_instruction_tokens": 40})
+    run_dir = tmp_path / "run"
+    assert cluster_job.prepare_job(task, RunOptions(run_dir=str(run_dir)), dry_run=True, json_output=True) == 0
+    args = parse_train_ppo_ray_args(_job(run_dir)["command"])
+    assert args.train.seed == 7 and args.rollout.max_new_tokens == 40
+
+
+def test_the_reward_file_gets_the_run_s_model_sources_back(tmp_path, capsys):
+    """A served target reaches the reward file as the same Endpoint, so it builds the scorer the loop would."""
+    from pipelines.config import EMBEDDED, Endpoint, RunOptions, load_task
+    from rewards.openrlhf_reward import model_source
+
+    served = Endpoint("http://gpu-node:8000/v1", "HuggingFaceTB/SmolLM2-135M-Instruct", "VLLM_KEY")
+    run_dir = tmp_path / "run"
+    options = RunOptions(run_dir=str(run_dir), target=served, judge=EMBEDDED)
+    assert cluster_job.prepare_job(load_task("risk"), options, dry_run=True, json_output=True) == 0
+    settings = json.loads((run_dir / "reward_settings.json").read_text())
+    assert settings["target"] == {"url": served.url, "model": served.model, "api_key_env": "VLLM_KEY"}
+    assert model_source(settings["target"]) == served and model_source(settings["judge"]) == EMBEDDED
 
 
 def test_json_output_names_the_command_files_and_ray_address(tmp_path, capsys):

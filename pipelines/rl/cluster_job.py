@@ -17,7 +17,9 @@ Ray job with the run folder as the job's working directory:
 The command names these files relative to the run folder, because Ray uploads the run folder as the job's
 working directory (and the project's packages, ``pipelines``, ``rewards`` and ``templates``, as py_modules).
 The policy (``--actor.model_name_or_path``) is a model path or hub id that the cluster's nodes must be able
-to load: for the embedded model, the cached Hugging Face folder on this machine.
+to load: for the embedded model, the cached Hugging Face folder on this machine. The training settings come
+from the task, as in the local loop (``ppo`` and its seed, ``generation``, ``template.max_instruction_tokens``
+for the response length); the run options add the episodes (``--steps``), the models and W&B.
 """
 
 from __future__ import annotations
@@ -28,9 +30,9 @@ import shutil
 from dataclasses import asdict
 from pathlib import Path
 
-from pipelines.config import ConfigError, TaskConfig
+from pipelines.config import ConfigError, Endpoint, RunOptions, TaskConfig
 from pipelines.generation import meta_prompt
-from pipelines.loop import RunOptions
+from pipelines.rl.train_ppo_ray import build_train_ppo_ray_command, parse_train_ppo_ray_args
 from rewards import openrlhf_reward
 from rewards.openrlhf_reward import DEFAULT_END_TOKENS, DEFAULT_MAX_FAILURES, FAILURES_NAME, SETTINGS_NAME
 
@@ -63,8 +65,6 @@ def _pretrain(policy_model: str) -> str:
 
 
 def _command(task: TaskConfig, options: RunOptions, pretrain: str, n_prompts: int) -> list[str]:
-    from pipelines.openrlhf_adapter import build_train_ppo_ray_command
-
     ppo, gen = task.ppo, task.generation
     wandb = {}
     if options.wandb_mode != "disabled":
@@ -77,21 +77,25 @@ def _command(task: TaskConfig, options: RunOptions, pretrain: str, n_prompts: in
         rollout_batch_size=n_prompts, n_samples_per_prompt=gen.candidates_per_step,
         micro_rollout_batch_size=4, train_batch_size=gen.candidates_per_step,
         micro_train_batch_size=min(4, gen.candidates_per_step),
-        max_new_tokens=options.max_new_tokens, temperature=gen.temperature, top_p=gen.top_p,
+        max_new_tokens=task.template.max_instruction_tokens, temperature=gen.temperature, top_p=gen.top_p,
         actor_lr=ppo.lr, critic_lr=ppo.critic_lr, kl_coef=ppo.kl_coef, kl_target=ppo.kl_target,
         advantage_estimator=ppo.advantage_estimator, gamma=ppo.gamma, lambd=ppo.lambd, eps_clip=ppo.clip_eps,
         max_epochs=ppo.ppo_epochs, num_episodes=options.steps, lora_rank=ppo.lora_rank, lora_alpha=ppo.lora_alpha,
-        lora_target_modules=ppo.lora_target_modules, seed=options.seed, **wandb,
+        lora_target_modules=ppo.lora_target_modules, seed=ppo.seed, **wandb,
     )
 
 
-def _reward_settings(task: TaskConfig, options: RunOptions) -> dict:
+def _source(source):
+    """A model source as JSON (what rewards/openrlhf_reward.py::model_source reads back)."""
+    return asdict(source) if isinstance(source, Endpoint) else source
 
+
+def _reward_settings(task: TaskConfig, options: RunOptions) -> dict:
     return {
         "task": task.model_dump(mode="json"),
         "task_base_dir": str(task.base_dir),
-        "target_model": options.target_model,
-        "judge_model": options.judge_model,
+        "target": _source(options.target),
+        "judge": _source(options.judge),
         "dev_examples": options.dev_examples,
         "end_tokens": list(DEFAULT_END_TOKENS),
         "max_failures": DEFAULT_MAX_FAILURES,
@@ -138,20 +142,11 @@ def _pretty(command: list[str]) -> str:
 
 def prepare_job(task: TaskConfig, options: RunOptions, *, dry_run: bool, json_output: bool) -> int:
     """Write the job's files into ``options.run_dir``, then print the command (dry run) or submit it to Ray."""
-    from rewards.components import components_for
-    from rewards.weighting import check_weights
-
     if not dry_run and not options.ray_address:
         raise ConfigError(
             "--backend openrlhf submits openrlhf's train_ppo_ray to a GPU Ray cluster: pass its job address "
             "with --ray-address http://HEAD:8265, or use --dry-run to write the job's files and print the command"
         )
-    try:
-        check_weights(task.reward.weights, components_for(task.judge.rubrics))
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"task {task.name!r}: {exc}") from None
-    from pipelines.openrlhf_adapter import parse_train_ppo_ray_args
-
     run_dir = Path(options.run_dir).resolve()
     prompts = meta_prompts(task)
     command = _command(task, options, _pretrain(options.policy_model), len(prompts))
