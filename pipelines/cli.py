@@ -6,6 +6,7 @@
     tune-prompts eval --task risk            score a template: every reward component, with timing
     tune-prompts store list|show|...         the versioned template store
     tune-prompts check --task risk           drift check of the production template (exit 1 when below its bars)
+    tune-prompts predict --task risk --text  what production receives: the stored version's decision on one input
     tune-prompts schedule --task risk ...    submit check-and-tune jobs to a Ray cluster on a cron schedule
 
 Every command exits 0 on success, 2 on bad input (with one line saying what to fix), 1 on a failure.
@@ -35,10 +36,11 @@ from pipelines.engine.endpoints import EndpointError
 from pipelines.engine.models import EMBEDDED, ModelLoadError
 from pipelines.schedule import CronError, ScheduleError
 from rewards.judge import JudgeError
+from templates.decision import DecisionError
 from templates.store import StoreError, default_store_url
 from templates.template import Template, TemplateError
 
-USER_ERRORS = (ConfigError, DataError, TemplateError, ModelLoadError, JudgeError, StoreError, FileExistsError, FileNotFoundError,
+USER_ERRORS = (ConfigError, DataError, TemplateError, DecisionError, ModelLoadError, JudgeError, StoreError, FileExistsError, FileNotFoundError,
                EndpointError, CronError, ScheduleError)
 
 
@@ -156,7 +158,8 @@ def evaluation_report(task: TaskConfig, ev, name: str) -> dict:
         "invalid_reasons": list(m.reasons),
         "reward": {"total": ev.reward.total, "weights": dict(task.reward.weights), "components": dict(ev.reward.components)},
         "metrics": dict(m.metrics),
-        "decision_threshold": ev.threshold,
+        "decision": ev.decision.to_dict() if ev.decision else None,
+        "decision_threshold": ev.decision.threshold if ev.decision else None,
         "pdr": dict(m.pdr),
         "judge": dict(m.judge),
         "template_tokens": m.tokens,
@@ -334,6 +337,39 @@ def print_final_table(task: TaskConfig, report: dict) -> None:
     print(f"\nreport: {report['run_dir']}/report.json   W&B (offline) run: {report['wandb_folder']}")
 
 
+def cmd_predict(args) -> int:
+    """The serving path from the command line: the routed version, the target's log-probs, its decision."""
+    from pipelines.scoring import label_scorer
+    from templates.serving import TemplateReader
+
+    task = load_task(args.task)
+    store = args.store or default_store_url()
+    target_source, _ = model_sources(args)
+    reader = TemplateReader(store)
+    try:
+        template = reader.for_caller(task.name, args.key) if args.key else reader.get(task.name, args.label)
+        if template.decision is None:
+            raise StoreError(f"the {task.name!r} version this call routes to carries no decision rule: store a newly "
+                             f"evaluated version (a tuning run into {store} records one)")
+        try:
+            target = label_scorer(target_source, template.decision.verbalizers,
+                                  chat_template=task.template.chat_template, batch_size=task.scoring.batch_size)
+        except ValueError as exc:  # a URL or model name the endpoint scorer refuses
+            raise ConfigError(str(exc)) from None
+        label = None if args.key else args.label
+        out = [reader.predict(task.name, {task.input_variable: text}, target, label=label, key=args.key)
+               for text in args.text]
+    finally:
+        reader.close()
+    if args.json:
+        print(json.dumps([{"text": text, "label": p.label, "version": p.version_id, "logprobs": p.logprobs}
+                          for text, p in zip(args.text, out)], indent=2))
+    else:
+        for text, p in zip(args.text, out):
+            print(f"{p.label}\tversion {p.version_id}\t{text[:80]!r}")
+    return 0
+
+
 def cmd_check(args) -> int:
     from pipelines import drift
 
@@ -468,6 +504,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     add_endpoint_args(p)
     p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser(
+        "predict", help="what production receives: the stored version's decision on one or more inputs",
+        description="Render the version the store routes to (production, a --label, or the caller --key's A/B "
+        "route), ask the target model for its label log-probs, and apply the decision rule stored with that "
+        "version (e.g. the threshold fitted on train). TemplateReader.predict does the same in an application.")
+    p.add_argument("--task", required=True, help="a built-in task or a task YAML file")
+    p.add_argument("--text", required=True, action="append", help="an input; repeat for several")
+    p.add_argument("--store", help="template store URL (default sqlite:///$TUNE_PROMPTS_HOME/store.sqlite)")
+    p.add_argument("--label", default="production", help="the label to read (default production)")
+    p.add_argument("--key", help="a caller key: route as the A/B canary does for this caller (instead of --label)")
+    p.add_argument("--model", default=EMBEDDED, help=f"the target model, when not served (default {EMBEDDED})")
+    p.add_argument("--json", action="store_true")
+    add_endpoint_args(p)
+    p.set_defaults(func=cmd_predict)
 
     p = sub.add_parser("schedule", help="submit check-and-tune jobs to a Ray cluster on a schedule")
     p.add_argument("--task", required=True)

@@ -1,5 +1,9 @@
 """Promotion bookkeeping: the seed and the chosen candidate go into the store with the gate's decision.
 
+Each version is stored with its production decision (``templates.decision.DecisionRule``, e.g. the threshold
+fitted on train), so the figures it records are the ones an application reproduces through
+``TemplateReader.predict``.
+
 The gate (``templates.gate.decide``) is a pure function of ``Measurements``. A version's record in the store
 holds exactly what the gate reads: ``record`` writes it from an evaluation and ``measurements`` reads it back,
 and the candidate is judged from its own record too. So the incumbent's stored figures and a new candidate's
@@ -8,12 +12,14 @@ fresh ones reach the gate through the same function.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from pipelines.config import TaskConfig
 from pipelines.scoring import Evaluation
 from templates.gate import Decision, Measurements, decide
 from templates.store import TemplateStore
+from templates.template import Template
 
 SEED_REASON = "pass: seed template, registered as the first production version"
 
@@ -27,6 +33,11 @@ def record(ev: Evaluation) -> tuple[dict, dict]:
                "latency_p50_ms": lat.p50_ms if lat else None, "latency_p95_ms": lat.p95_ms if lat else None,
                "render_us_p99": lat.render_us_p99 if lat else None, "error_rate": lat.error_rate if lat else None}
     return {ev.split: test}, latency
+
+
+def shipped(task: TaskConfig, ev: Evaluation) -> Template:
+    """The template an application gets: the evaluated text with the decision its figures were measured under."""
+    return dataclasses.replace(task.make_template(ev.measured.template), decision=ev.decision)
 
 
 def measurements(scores: dict, latency: dict, metric: str) -> Measurements:
@@ -53,7 +64,7 @@ def promote(task: TaskConfig, store_url: str, evaluations: list[Evaluation], run
         incumbent = store.get_label(task.name, "production")
         if incumbent is None:
             scores, latency = record(seed_ev)
-            seed_version = store.add_version(task.name, task.seed_template(), run_id=run_id, scores=scores,
+            seed_version = store.add_version(task.name, shipped(task, seed_ev), run_id=run_id, scores=scores,
                                              latency=latency, decision=Decision(True, (SEED_REASON,)))
             incumbent = store.promote(task.name, seed_version.id, force=True)
         valid = [ev for ev in candidates if ev.measured.valid]
@@ -67,7 +78,7 @@ def promote(task: TaskConfig, store_url: str, evaluations: list[Evaluation], run
         scores, latency = record(best)
         decision = decide(measurements(scores, latency, config.metric),
                           measurements(*incumbent_record, config.metric), config)
-        version = store.add_version(task.name, task.make_template(best.measured.template), parent_id=incumbent.id,
+        version = store.add_version(task.name, shipped(task, best), parent_id=incumbent.id,
                                     run_id=run_id, scores=scores, latency=latency, decision=decision)
         if decision.promote and allow:
             store.promote(task.name, version.id)

@@ -29,6 +29,7 @@ from rewards import promptbench_metrics as pbm
 from rewards.components import Measured, components_for
 from rewards.judge import JUDGE_VERBALIZERS, Judge
 from rewards.weighting import Reward, weigh
+from templates.decision import DecisionRule
 from templates.template import Template, validate_candidate
 
 
@@ -49,7 +50,7 @@ class Evaluation:
     reward: Reward
     split: str
     n_examples: int
-    threshold: float | None
+    decision: DecisionRule | None  # the production decision the metrics were computed with (None: invalid)
     latency: Latency | None = None  # measured for valid templates unless asked not to
 
 
@@ -78,12 +79,13 @@ def build_scorer(task: TaskConfig, splits: Splits, target: ModelSource | LoadedL
     ``reward_examples``: how many dev examples (the first ones) ``measure`` scores; None: all of them.
     """
     target_model = _load(target)
-    target_scorer = _label_scorer(target_model, task.verbalizers, task, chat_template=task.template.chat_template)
+    batch = task.scoring.batch_size
+    target_scorer = label_scorer(target_model, task.verbalizers, chat_template=task.template.chat_template, batch_size=batch)
     judge_model = target_model if judge is None or judge == target else _load(judge)
     if judge_model is target_model and task.verbalizers == list(JUDGE_VERBALIZERS):
         judge_scorer = target_scorer
     else:
-        judge_scorer = _label_scorer(judge_model, list(JUDGE_VERBALIZERS), task, chat_template=True)
+        judge_scorer = label_scorer(judge_model, list(JUDGE_VERBALIZERS), chat_template=True, batch_size=batch)
     # A server owns an endpoint's model: template tokens are counted with the embedded model's tokenizer.
     tokenizer = target_model.tokenizer if isinstance(target_model, LoadedLM) else load_tokenizer()
     return CandidateScorer(task, splits, target_scorer, judge_scorer, tokenizer, reward_examples=reward_examples)
@@ -93,15 +95,18 @@ def _load(source: ModelSource | LoadedLM) -> LoadedLM | Endpoint:
     return load_causal_lm(source) if isinstance(source, str) else source
 
 
-def _label_scorer(model: LoadedLM | Endpoint, verbalizers: list[str], task: TaskConfig, *, chat_template: bool):
+def label_scorer(source: ModelSource | LoadedLM, verbalizers: Sequence[str], *, chat_template: bool, batch_size: int = 64):
+    """A label scorer answering with ``verbalizers``: in-process for a model (loaded here if it is a name), or
+    through an OpenAI-compatible server for an ``Endpoint`` (checked with ``GET /models`` first)."""
     from pipelines.engine.endpoints import make_label_scorer
 
+    model = _load(source)
     if isinstance(model, Endpoint):
         scorer = make_label_scorer(model.url, verbalizers, model=model.model, chat_template=chat_template,
                                    api_key_env=model.api_key_env)
         scorer.check()  # the server answers and serves the model, before any work starts
         return scorer
-    return make_label_scorer(model, verbalizers, chat_template=chat_template, batch_size=task.scoring.batch_size)
+    return make_label_scorer(model, list(verbalizers), chat_template=chat_template, batch_size=batch_size)
 
 
 class CandidateScorer:
@@ -139,6 +144,8 @@ class CandidateScorer:
         return self._positive_log_odds(self.target.score(template, [e.text for e in examples]))
 
     def _positive_log_odds(self, logprobs: np.ndarray) -> np.ndarray:
+        # float64, as DecisionRule.decide computes them at serving time: both paths compare the same numbers
+        logprobs = np.asarray(logprobs, dtype=np.float64)
         others = np.delete(logprobs, self.positive, axis=1)
         return logprobs[:, self.positive] - np.logaddexp.reduce(others, axis=1)
 
@@ -207,21 +214,20 @@ class CandidateScorer:
         return weigh(m, self.task.reward.weights, self.components, self.task.reward.invalid_penalty)
 
     # --- full evaluation ---------------------------------------------------------------------------
-    def fit_threshold(self, template: Template) -> float | None:
+    def fit_decision(self, template: Template) -> DecisionRule:
+        """The production decision for ``template``: the task's rule, with its threshold fitted on the train
+        split when it has one (maximising balanced accuracy on ``scoring.calibration_examples`` examples)."""
+        labels, words = tuple(self.labels), tuple(self.task.verbalizers)
         if self.task.scoring.decision != "threshold":
-            return None
+            return DecisionRule("argmax", labels, words)
         odds = self.log_odds(template, self.calibration)
-        return pbm.fit_threshold(odds, [e.label == self.task.positive_label for e in self.calibration])
+        threshold = pbm.fit_threshold(odds, [e.label == self.task.positive_label for e in self.calibration])
+        return DecisionRule("calibrated", labels, words, self.task.positive_label, float(threshold))
 
-    def predict(self, template: Template, examples: Sequence[Example], threshold: float | None):
+    def predict(self, template: Template, examples: Sequence[Example], decision: DecisionRule):
+        """Labels under ``decision`` (what an application receives) and the positive-label log-odds."""
         lp = self.target.score(template, [e.text for e in examples])
-        odds = self._positive_log_odds(lp)
-        if threshold is None:
-            preds = [self.labels[j] for j in lp.argmax(axis=1)]
-        else:
-            negative = [label for label in self.labels if label != self.task.positive_label][0]
-            preds = [self.task.positive_label if o > threshold else negative for o in odds]
-        return preds, odds
+        return [decision.decide(row) for row in lp], self._positive_log_odds(lp)
 
     def render_us_p99(self, template: Template, examples: Sequence[Example], repeats: int = 2000) -> float:
         values = [{self.task.input_variable: e.text} for e in examples[:50]]
@@ -245,10 +251,10 @@ class CandidateScorer:
         template = check.template
         timing = {}
         t0 = time.perf_counter()
-        threshold = self.fit_threshold(template)
+        decision = self.fit_decision(template)
         timing["calibrate_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        preds, odds = self.predict(template, examples, threshold)
+        preds, odds = self.predict(template, examples, decision)
         gold = [e.label for e in examples]
         metrics = pbm.classification_metrics(preds, gold, self.labels, odds, cfg.positive_label)
         timing["target_s"] = time.perf_counter() - t0
@@ -263,7 +269,7 @@ class CandidateScorer:
             metrics=metrics, reward_metric=cfg.scoring.reward_metric, chance=_reward_chance(cfg),
             pdr=pdr, judge=judge, timing=timing,
         )
-        result = Evaluation(m, self.reward(m), split, len(examples), threshold)
+        result = Evaluation(m, self.reward(m), split, len(examples), decision)
         if latency:
             result.latency = self.latency(template, split)
         return result

@@ -1,4 +1,8 @@
-"""The reader applications use: cached templates by label, sticky canary routing, rendering.
+"""The reader applications use: cached templates by label, sticky canary routing, rendering, prediction.
+
+``predict`` is what production receives: the routed version rendered for one input, the target model's label
+log-probs, and the version's own decision rule applied to them (the rule, e.g. a threshold fitted on train,
+ships inside the version). The held-out figures a version records were computed the same way.
 
 Two caches. Compiled templates are kept by version id for the reader's lifetime: versions never
 change, so these never go stale, and a promotion or rollback to a version the reader has seen
@@ -19,6 +23,7 @@ PostgreSQL shows each statement only committed rows).
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from time import monotonic
 from typing import Any, Mapping
 
@@ -27,6 +32,15 @@ from templates.store import StoreError, TemplateStore
 from templates.template import Template
 
 _NO_CANARY = Canary(0, 0.0)  # cached for a task without a canary: share 0 routes nobody
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One input's result as production receives it, and what it was decided from."""
+
+    label: str
+    version_id: int
+    logprobs: dict[str, float]  # label -> log-probability (normalised over the labels) the decision read
 
 
 class TemplateReader:
@@ -51,6 +65,42 @@ class TemplateReader:
 
     def get(self, task: str, label: str = "production") -> Template:
         """The template ``label`` points at for ``task``."""
+        return self._template(self._label_version(task, label))
+
+    def for_caller(self, task: str, key: str) -> Template:
+        """The production or canary template for this caller, by sticky routing on ``key``."""
+        return self._template(self._caller_version(task, key))
+
+    def render(self, task: str, values: Mapping[str, Any], *, label: str | None = None, key: str | None = None) -> str:
+        """Render the template for a label (default production) or, given ``key``, for that caller."""
+        return self._template(self._route(task, label, key)).render(values)
+
+    def predict(self, task: str, values: Mapping[str, Any], target, *, label: str | None = None,
+                key: str | None = None) -> Prediction:
+        """Render the routed version for ``values``, ask ``target`` for the label log-probs and apply the
+        version's decision. ``target``: a label scorer of the model the version was tuned for, with
+        ``score(template, texts)`` and ``verbalizers`` (``pipelines.engine.endpoints.make_label_scorer`` makes
+        one for a loaded model or an OpenAI-compatible endpoint)."""
+        version_id = self._route(task, label, key)
+        template = self._template(version_id)
+        rule = template.decision
+        if rule is None:
+            raise StoreError(f"version {version_id} of {task!r} carries no decision rule (it was stored without one): "
+                             f"evaluate it again and store the result, e.g. with a tuning run into this store")
+        if list(getattr(target, "verbalizers", ())) != list(rule.verbalizers):
+            raise ValueError(f"the target scorer answers {list(getattr(target, 'verbalizers', ()))}; version "
+                             f"{version_id} decides on {list(rule.verbalizers)}: build the scorer with those words")
+        template.render(values)  # refuses missing, unknown or constraint-breaking values before any model call
+        (variable,) = template.variables
+        (row,) = target.score(template, [str(values[variable])])
+        return Prediction(rule.decide(row), version_id, dict(zip(rule.labels, map(float, row))))
+
+    def _route(self, task: str, label: str | None, key: str | None) -> int:
+        if label is not None and key is not None:
+            raise ValueError("pass label or key, not both")
+        return self._caller_version(task, key) if key is not None else self._label_version(task, label or "production")
+
+    def _label_version(self, task: str, label: str) -> int:
         if monotonic() >= self._next_check_s:
             self._refresh()
         version_id = self._label_ids.get((task, label))
@@ -64,10 +114,9 @@ class TemplateReader:
                         f"(tune-prompts store promote {task} VERSION) or pick another label"
                     )
                 self._label_ids[(task, label)] = version_id
-        return self._compiled.get(version_id) or self._compile(version_id)
+        return version_id
 
-    def for_caller(self, task: str, key: str) -> Template:
-        """The production or canary template for this caller, by sticky routing on ``key``."""
+    def _caller_version(self, task: str, key: str) -> int:
         if monotonic() >= self._next_check_s:
             self._refresh()
         canary = self._canaries.get(task)
@@ -76,15 +125,11 @@ class TemplateReader:
                 canary = self._canaries[task] = self._store.canary(task) or _NO_CANARY
         # The canary row carries its version id with its share, so the two always belong together.
         if canary.share and takes_canary(task, key, canary.share):
-            return self._compiled.get(canary.version_id) or self._compile(canary.version_id)
-        return self.get(task)
+            return canary.version_id
+        return self._label_version(task, "production")
 
-    def render(self, task: str, values: Mapping[str, Any], *, label: str | None = None, key: str | None = None) -> str:
-        """Render the template for a label (default production) or, given ``key``, for that caller."""
-        if label is not None and key is not None:
-            raise ValueError("render: pass label or key, not both")
-        template = self.for_caller(task, key) if key is not None else self.get(task, label or "production")
-        return template.render(values)
+    def _template(self, version_id: int) -> Template:
+        return self._compiled.get(version_id) or self._compile(version_id)
 
     def close(self) -> None:
         self._store.close()

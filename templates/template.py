@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
+from templates.decision import DecisionError, DecisionRule
+
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # One scan over the text: escaped braces, a placeholder, or a lone brace (an error).
 _TOKEN = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}|\{|\}")
@@ -115,7 +117,8 @@ def parse(text: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 @dataclass(frozen=True)
 class Template:
-    """An immutable template: text, the variables it declares, constraints on their values.
+    """An immutable template: text, the variables it declares, constraints on their values, and the decision
+    rule that turns the target's output into a result (``templates.decision``; None for a bare template).
 
     Every declared variable appears exactly once in the text and no other placeholder does.
     """
@@ -123,6 +126,7 @@ class Template:
     text: str
     variables: tuple[str, ...]
     constraints: tuple[Constraint, ...] = ()
+    decision: DecisionRule | None = None
     _literals: tuple[str, ...] = field(init=False, repr=False, compare=False)
     _names: tuple[str, ...] = field(init=False, repr=False, compare=False)
     _checks: dict = field(init=False, repr=False, compare=False)
@@ -207,24 +211,31 @@ class Template:
         return self._literals[0], self._literals[1]
 
     def to_dict(self) -> dict:
-        return {
+        record = {
             "text": self.text,
             "variables": list(self.variables),
             "constraints": [c.to_dict() for c in self.constraints],
         }
+        if self.decision is not None:  # absent rather than null: a bare template's record (and hash) is unchanged
+            record["decision"] = self.decision.to_dict()
+        return record
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Template":
-        unknown = sorted(set(data) - {"text", "variables", "constraints"})
+        unknown = sorted(set(data) - {"text", "variables", "constraints", "decision"})
         if unknown:
             raise TemplateError(f"template record has unknown field(s) {unknown}")
         if "text" not in data:
             raise TemplateError("template record needs a 'text' field")
         constraints = tuple(constraints_from_spec(data.get("constraints") or []))
+        try:
+            decision = None if data.get("decision") is None else DecisionRule.from_dict(data["decision"])
+        except DecisionError as exc:
+            raise TemplateError(f"template record: {exc}") from None
         variables = data.get("variables")
         if variables is None:
-            return cls.from_text(data["text"], constraints)
-        return cls(data["text"], tuple(variables), constraints)
+            variables = tuple(dict.fromkeys(parse(data["text"])[1]))
+        return cls(data["text"], tuple(variables), constraints, decision)
 
 
 def constraints_from_spec(spec: Any) -> list[Constraint]:
