@@ -202,7 +202,10 @@ def print_report(report: dict) -> None:
     print(table(metric_rows))
 
 
-def add_endpoint_args(p: argparse.ArgumentParser) -> None:
+def add_model_args(p: argparse.ArgumentParser, model_help: str) -> None:
+    """--model (a local model) and the endpoint flags (a served one), read by ``model_sources``; and --json."""
+    p.add_argument("--model", default=EMBEDDED, help=f"{model_help} (default {EMBEDDED})")
+    p.add_argument("--json", action="store_true")
     g = p.add_argument_group("OpenAI-compatible endpoints (vLLM, OpenAI, ...) instead of the local model")
     g.add_argument("--target-url", help="the target's server, e.g. http://localhost:8000/v1 "
                    "(vLLM: vllm serve MODEL --max-logprobs 20)")
@@ -478,9 +481,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task", required=True, help="a built-in task or a task YAML file")
     p.add_argument("--template", help="a template file (YAML record or plain text); default: the task's seed template")
     p.add_argument("--split", default="dev", choices=["dev", "test"])
-    p.add_argument("--model", default=EMBEDDED, help=f"target and judge model (default {EMBEDDED})")
-    p.add_argument("--json", action="store_true")
-    add_endpoint_args(p)
+    add_model_args(p, "target and judge model")
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser(
@@ -500,9 +501,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "store recorded for this version on test, minus --max-drop)")
     p.add_argument("--max-drop", type=float, default=0.05, help="allowed drop of the held-out metric (default 0.05)")
     p.add_argument("--tune-if-below", action="store_true", help="below a bar: start a tuning run into the same store")
-    p.add_argument("--model", default=EMBEDDED, help=f"target and judge model (default {EMBEDDED})")
-    p.add_argument("--json", action="store_true")
-    add_endpoint_args(p)
+    add_model_args(p, "target and judge model")
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser(
@@ -515,9 +514,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", help="template store URL (default sqlite:///$TUNE_PROMPTS_HOME/store.sqlite)")
     p.add_argument("--label", default="production", help="the label to read (default production)")
     p.add_argument("--key", help="a caller key: route as the A/B canary does for this caller (instead of --label)")
-    p.add_argument("--model", default=EMBEDDED, help=f"the target model, when not served (default {EMBEDDED})")
-    p.add_argument("--json", action="store_true")
-    add_endpoint_args(p)
+    add_model_args(p, "the target model, when not served")
     p.set_defaults(func=cmd_predict)
 
     p = sub.add_parser("schedule", help="submit check-and-tune jobs to a Ray cluster on a schedule")

@@ -63,6 +63,7 @@ def test_each_check_refuses_on_its_own(change, expected_reason):
 
 
 def test_values_exactly_at_the_bars_pass():
+    # Field for field like INCUMBENT above by design: each value sits exactly on CONFIG's bar for it.
     edge = replace(
         GOOD,
         components={"instruction_following": 0.82, "entity_consistency": 0.78},

@@ -33,6 +33,7 @@ def build_train_ppo_ray_command(
     save_path: str,
     input_key: str = "input",
     apply_chat_template: bool = True,
+    # One keyword per train_ppo_ray setting this project sets, so the argv below reads against this list.
     actor_gpus: int = 1,
     critic_gpus: int = 1,
     ref_gpus: int = 1,
