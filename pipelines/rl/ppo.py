@@ -212,7 +212,11 @@ class PPOLearner:
             lora_dropout=0.0,
             bias="none",
         )
-        self.policy = peft.get_peft_model(model, lora, autocast_adapter_dtype=True)  # bf16 adapter -> fp32
+        # LoRA's A matrices start random; seeded here (without touching the caller's RNG), so that a run with the
+        # same ppo.seed starts from the same policy. torch seeds its global generator at random in each process.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(config.seed)
+            self.policy = peft.get_peft_model(model, lora, autocast_adapter_dtype=True)  # bf16 adapter -> fp32
         self.lora_params = [p for p in self.policy.parameters() if p.requires_grad]
         for p in self.lora_params:
             p.data = p.data.float()  # make the fp32 adapter explicit whatever peft's autocast does
