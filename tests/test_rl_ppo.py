@@ -154,6 +154,28 @@ def test_the_learner_refuses_a_group_too_small_for_its_estimator(estimator, grou
         ppo.PPOLearner(model=None, config=_config(advantage_estimator=estimator), group_size=group_size)
 
 
+def test_the_policy_starts_from_the_same_adapter_for_the_same_seed():
+    """LoRA's random start comes from ppo.seed, not from torch's per-process random seed, and the caller's RNG
+    is left as it was."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    def adapter(seed: int) -> list:
+        config = LlamaConfig(vocab_size=64, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                             num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=128)
+        torch.manual_seed(123)  # the same base weights every time
+        model = LlamaForCausalLM(config).eval()
+        torch.manual_seed(999)  # whatever the caller's generator holds ...
+        before = torch.random.get_rng_state()
+        learner = ppo.PPOLearner(model, _config(seed=seed), group_size=8)
+        assert torch.equal(torch.random.get_rng_state(), before)  # ... it is untouched
+        return [p.detach().clone() for p in learner.lora_params]
+
+    first, again, other = adapter(0), adapter(0), adapter(1)
+    assert len(first) == 2 * 2 * 4  # A and B of q, k, v and o in two layers
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    assert not all(torch.equal(a, b) for a, b in zip(first, other))
+
+
 # --- PPO on the real SmolLM2-135M-Instruct ------------------------------------------------------------
 
 META_PROMPT = (

@@ -229,9 +229,10 @@ class PPOLearner:
         self.actor.eval()
 
         hidden = self.policy.config.hidden_size
-        self.value_head = torch.nn.Sequential(
-            torch.nn.LayerNorm(hidden, elementwise_affine=False), torch.nn.Linear(hidden, 1)
-        )
+        with torch.random.fork_rng(devices=[]):  # Linear draws its (zeroed) start: leave the caller's RNG as it was
+            self.value_head = torch.nn.Sequential(
+                torch.nn.LayerNorm(hidden, elementwise_affine=False), torch.nn.Linear(hidden, 1)
+            )
         torch.nn.init.zeros_(self.value_head[1].weight)
         torch.nn.init.zeros_(self.value_head[1].bias)
 
