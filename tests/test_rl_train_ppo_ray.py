@@ -64,7 +64,7 @@ def test_the_command_parses_with_openrlhfs_parser_and_keeps_every_value():
 
 
 @pytest.mark.parametrize("estimator", [e for e in ADVANTAGE_ESTIMATORS if e != "gae"])
-def test_every_estimator_the_adapter_offers_is_one_openrlhf_accepts(estimator):
+def test_every_estimator_the_config_offers_is_one_openrlhf_accepts(estimator):
     args = parse_train_ppo_ray_args(_command(advantage_estimator=estimator, n_samples_per_prompt=4))
     assert args.algo.advantage.estimator == estimator
     assert args.critic.model_name_or_path is None  # no critic without GAE
