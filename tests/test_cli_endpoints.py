@@ -10,7 +10,6 @@ import pytest
 
 from pipelines import cli
 from pipelines.config import load_task
-from pipelines.data import load_splits
 from pipelines.scoring import CandidateScorer
 
 _spec = importlib.util.spec_from_file_location("openai_compat_server", Path(__file__).with_name("openai_compat_server.py"))

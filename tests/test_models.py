@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.engine import models
-from pipelines.engine.models import EMBEDDED, ModelLoadError, load_causal_lm
+from pipelines.engine.models import ModelLoadError, load_causal_lm
 
 
 @pytest.mark.e2e
