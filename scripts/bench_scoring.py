@@ -16,6 +16,14 @@ through its own threads of one intra-op thread each.
 It prints pairs/s and the ratios, and the model FLOP/s each achieves against the bf16 matrix-multiply
 FLOP/s measured on this machine in the same run.
 
+Then the greedy answers (what ``instruction_following`` and an answer decision read), in the same run:
+  * generate: `model.generate` per pair, greedy, the whole prompt, as many new tokens as the scorer's answer
+              to that pair took (so both do the same decoding work), one pair at a time;
+  * answers:  `LabelScorer.answer` with an empty cache: the first token from the packed scoring pass, each
+              further one from a packed pass over the suffix and the tokens so far, stopping at the contract's
+              first word (risk's `first_word` rule).
+Both must give the same text for every pair; the script checks it.
+
     .venv/bin/python scripts/bench_scoring.py [--examples 60] [--templates 6] [--threads 2] [--rounds 2]
 """
 
@@ -160,7 +168,48 @@ def main() -> int:
     print(f"largest |log-odds difference| scorer vs naive: {max_diff:.3f} (bf16; see tests/test_scoring.py)")
     print(f"ratio of each round on its own: {', '.join(f'{x:.2f}' for x in round_ratios)}")
     print(f"target: scorer/naive >= 5 (aim 10); measured {naive_s / fast_s:.2f}")
+    bench_answers(lm, task, templates, texts, args)
     return 0
+
+
+def bench_answers(lm, task, templates, texts, args) -> None:
+    """Greedy answers per second: ``LabelScorer.answer`` against ``model.generate`` per pair, same tokens."""
+    import torch
+
+    from pipelines.engine.target import LabelScorer, prompt_frame
+    from pipelines.scoring import task_contract
+
+    contract = task_contract(task)
+    scorer = LabelScorer(lm, task.verbalizers, batch_size=args.batch_size)
+    max_new = task.scoring.answer.max_new_tokens
+    answers_s = generate_s = 0.0
+    mismatches = tokens = 0
+    for template in templates:
+        scorer.clear_cache()
+        started = time.perf_counter()
+        answers = scorer.answer(template, texts, max_new, contract.complete)
+        answers_s += time.perf_counter() - started
+        before, after = prompt_frame(lm.tokenizer, template, True)
+        for text, answer in zip(texts, answers):
+            ids = lm.tokenizer(before + text + after, return_tensors="pt", add_special_tokens=False).input_ids
+            started = time.perf_counter()
+            with torch.inference_mode():
+                out = lm.model.generate(ids, max_new_tokens=max(1, answer.tokens), do_sample=False)
+            generate_s += time.perf_counter() - started
+            reference = lm.tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+            mismatches += reference != answer.text
+            tokens += answer.tokens
+    pairs = len(templates) * len(texts)
+    rows = [
+        {"method": "model.generate per pair", "pairs": pairs, "seconds": generate_s, "pairs_per_s": pairs / generate_s,
+         "ratio": 1.0},
+        {"method": "LabelScorer.answer", "pairs": pairs, "seconds": answers_s, "pairs_per_s": pairs / answers_s,
+         "ratio": generate_s / answers_s},
+    ]
+    print(f"\ngreedy answers (contract: {contract.describe()}; at most {max_new} new tokens, {tokens / pairs:.2f} "
+          f"on average; one round)")
+    print(table(rows))
+    print(f"answers that differ from model.generate's: {mismatches} of {pairs}")
 
 
 if __name__ == "__main__":

@@ -67,10 +67,11 @@ class ModelBackend:
                 values, indices = logprobs.topk(max(top_k, 1))
                 chosen = int(indices[0])
                 top = [(tok.decode([int(i)]), float(v)) for v, i in zip(values[:top_k], indices[:top_k])]
+                if chosen == tok.eos_token_id:  # like vLLM: the stop token ends the answer, its text is not in it
+                    steps.append(("", float(values[0]), top))
+                    break
                 steps.append((tok.decode([chosen]), float(values[0]), top))
                 ids.append(chosen)
-                if chosen == tok.eos_token_id:
-                    break
         return steps
 
 
@@ -174,7 +175,9 @@ class OpenAICompatServer:
             int(request.get("max_tokens") or 16), int(want or 0),
         )
         text = "".join(token for token, _, _ in steps)
-        choice: dict = {"index": 0, "finish_reason": "length"}
+        limit = int(request.get("max_tokens") or 16)
+        stopped = len(steps) < limit or (steps and steps[-1][0] == "")  # "": the end-of-sequence token
+        choice: dict = {"index": 0, "finish_reason": "stop" if stopped else "length"}
         if chat:
             choice["message"] = {"role": "assistant", "content": text}
             choice["logprobs"] = None if want is None else {"content": [

@@ -68,6 +68,7 @@ from typing import Literal, Sequence
 
 import numpy as np
 
+from pipelines.engine.answers import Answer, AnswerCache
 from pipelines.engine.pair_cache import PairCache
 from templates.template import Template
 
@@ -95,6 +96,7 @@ class EndpointStats:
     errors: int = 0  # pairs that failed for good (their score() call raised EndpointError)
     labels_floored: int = 0  # labels missing from the top log-probs, given the floor value
     answers_unmapped: int = 0  # answers-mode replies that named no label
+    answers_generated: int = 0  # greedy answers asked for (``answer``), cached ones not counted
     seconds: float = 0.0
     request_ms: list[float] = field(default_factory=list)  # wall time of each successful request
 
@@ -110,6 +112,7 @@ class EndpointStats:
             "errors": self.errors,
             "labels_floored": self.labels_floored,
             "answers_unmapped": self.answers_unmapped,
+            "answers_generated": self.answers_generated,
             "seconds": round(self.seconds, 4),
             "request_ms_p50": float(np.percentile(ms, 50)) if ms else None,
             "request_ms_p95": float(np.percentile(ms, 95)) if ms else None,
@@ -186,6 +189,7 @@ class EndpointLabelScorer:
             *([urllib.request.ProxyHandler({})] if _is_loopback(self.base_url) else [])
         )
         self._cache = PairCache(cache_pairs)
+        self._answers = AnswerCache()
         self._lock = threading.Lock()  # guards stats and mode, written from worker threads
         self.stats = EndpointStats()
 
@@ -223,6 +227,45 @@ class EndpointLabelScorer:
         finally:
             self.stats.seconds += time.perf_counter() - started
         return out
+
+    def answer(self, template: Template, texts: Sequence[str], max_new_tokens: int, complete=None) -> list[Answer]:
+        """The server's greedy answer (temperature 0) to each prompt, at most ``max_new_tokens`` tokens;
+        ``truncated`` when the server says it stopped at the limit (``finish_reason: length``). ``complete`` is
+        accepted for the in-process path's signature: a server cannot be told when a parse is settled."""
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={max_new_tokens} must be at least 1")
+        started = time.perf_counter()
+        key = (template.text, max_new_tokens)
+        out, todo = self._answers.lookup(key, list(texts))
+        try:
+            if todo:
+                before, after = template.split_at(template.variables[0])
+                unique = list(todo)
+                with ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(unique))) as pool:
+                    answers = list(pool.map(lambda text: self._answer_one(before + text + after, max_new_tokens), unique))
+                for text, found in zip(unique, answers):
+                    self._answers.put(key, text, found)
+                    for i in todo[text]:
+                        out[i] = found
+                self.stats.answers_generated += len(unique)
+        except EndpointError:
+            self.stats.errors += 1
+            raise
+        finally:
+            self.stats.seconds += time.perf_counter() - started
+        return out  # type: ignore[return-value]
+
+    def _answer_one(self, prompt: str, max_new_tokens: int) -> Answer:
+        payload = self._payload(prompt, logprobs=False)
+        payload["max_tokens"] = max_new_tokens
+        data = self._post(payload)
+        choice = self._choice(data)
+        text = self._answer_text(data)
+        if not isinstance(text, str):
+            text = ""  # a malformed answer is an empty one, which breaks any contract
+        usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+        tokens = usage.get("completion_tokens") if isinstance(usage.get("completion_tokens"), int) else 0
+        return Answer(text, choice.get("finish_reason") == "length", tokens)
 
     def check(self) -> list[str]:
         """At start-up: the server answers ``GET /models`` and serves ``model``. Returns the served model ids."""

@@ -24,6 +24,13 @@ every position over the whole vocabulary. ``LabelScorer.score`` computes the sam
   operation (norms, attention per bucket) across cores;
 * results are cached by (template, example), so a template seen again costs nothing.
 
+``LabelScorer.answer`` generates the greedy answers an application would read, a few tokens each, on the same
+path: the prompt's first pass is the scoring pass (its label log-probs are cached on the way), and each further
+token re-runs the example's suffix plus the tokens so far, packed, after the shared prefix. An answer stops at the
+model's end of sequence, as soon as the caller's ``complete`` says its parse cannot change (the first word of a
+label answer), or at the token limit (``truncated``). ``scripts/bench_scoring.py`` compares it with
+``model.generate`` per pair.
+
 Equivalence: the shared prefix is cut on a token boundary of the full prompt's own tokenization (checked
 for every example; an example whose tokens differ there is scored without sharing), so both paths feed the
 model identical token ids. In float32 they agree to about 1e-4. In bfloat16, packing changes the shape of the
@@ -41,10 +48,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
+from pipelines.engine.answers import Answer, AnswerCache
 from pipelines.engine.models import LoadedLM
 from pipelines.engine.packed_llama import PackedLlama, decoder_of, unsupported_reason
 from pipelines.engine.packing import Packing
@@ -62,11 +71,15 @@ class ScorerStats:
     #   earlier rows (on the packed path once per scoring thread)
     prefix_fallbacks: int = 0  # examples whose tokenization did not share the template's prefix
     prefix_tokens_reused: int = 0  # prefix tokens not run again: another template's prefix started the same way
+    answers_generated: int = 0  # greedy answers computed (cached ones are free)
+    answer_tokens: int = 0  # new tokens of those answers
     seconds: float = 0.0
 
     def as_dict(self) -> dict:
         return {
             "pairs_scored": self.pairs_scored,
+            "answers_generated": self.answers_generated,
+            "answer_tokens": self.answer_tokens,
             "pairs_cached": self.pairs_cached,
             "tokens_forward": self.tokens_forward,
             "prefix_fallbacks": self.prefix_fallbacks,
@@ -164,6 +177,11 @@ class LabelScorer:
         # not rounded to bfloat16's steps (0.125 at typical logit sizes), which would tie many examples.
         flat = [t for ids in self.label_ids for t in ids]
         self._label_head = model.get_output_embeddings().weight[flat].detach().float()
+        self._vocab_head = model.get_output_embeddings().weight.detach()  # greedy answers: the whole vocabulary
+        eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        eos = [eos] if isinstance(eos, int) else list(eos or [])
+        self._eos = set(eos) | ({lm.tokenizer.eos_token_id} if lm.tokenizer.eos_token_id is not None else set())
+        self._answers = AnswerCache()
         # label_ids re-indexed into the rows of _label_head
         self._head_index, start = [], 0
         for ids in self.label_ids:
@@ -191,6 +209,24 @@ class LabelScorer:
         self.stats.seconds += time.perf_counter() - started
         return out
 
+    def answer(self, template: Template, texts: list[str], max_new_tokens: int,
+               complete: Callable[[str], bool] | None = None) -> list[Answer]:
+        """The greedy answer to each prompt, at most ``max_new_tokens`` new tokens; ``complete(text)`` True stops
+        an answer early (its parse is settled). Same prompts as ``score``: the template inside the chat template."""
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={max_new_tokens} must be at least 1")
+        started = time.perf_counter()
+        key = (template.text, max_new_tokens, complete is not None)
+        out, todo = self._answers.lookup(key, texts)
+        if todo:
+            unique = list(todo)
+            for text, found in zip(unique, self._answer_uncached(template, unique, max_new_tokens, complete)):
+                self._answers.put(key, text, found)
+                for i in todo[text]:
+                    out[i] = found
+        self.stats.seconds += time.perf_counter() - started
+        return out  # type: ignore[return-value]
+
     @torch.inference_mode()
     def request_latency_ms(self, template: Template, texts: list[str], n: int = 12) -> dict[str, float]:
         """What a service sees: one request at a time, the whole prompt, no cache. p50 and p95 in ms, and
@@ -207,12 +243,14 @@ class LabelScorer:
     def clear_cache(self) -> None:
         """Forget scored pairs and computed prefixes."""
         self._cache.clear()
+        self._answers.clear()
         self._prefixes.clear()
 
     # --- internals -------------------------------------------------------------------------
 
-    @torch.inference_mode()
-    def _score_uncached(self, template: Template, texts: list[str]) -> np.ndarray:
+    def _split(self, template: Template, texts: list[str]):
+        """Tokenize the prompts: the shared prefix's ids, and the example-specific ids of the prompts that start
+        with it (by index) and of those that do not (whole prompts, by index)."""
         tok = self.lm.tokenizer
         before, after = prompt_frame(tok, template, self.chat_template)
         before_ids = tok(before, add_special_tokens=False).input_ids
@@ -223,20 +261,80 @@ class LabelScorer:
         if not all(ids[: len(before_ids)] == before_ids and len(ids) > len(before_ids) for ids in full):
             prefix_ids = before_ids[:-1]
         n_prefix = len(prefix_ids)
-        shared, fallback = [], []
+        shared, fallback = {}, {}
         for i, ids in enumerate(full):
-            (shared if n_prefix and ids[:n_prefix] == prefix_ids and len(ids) > n_prefix else fallback).append(i)
+            if n_prefix and ids[:n_prefix] == prefix_ids and len(ids) > n_prefix:
+                shared[i] = ids[n_prefix:]
+            else:
+                fallback[i] = ids
+        self.stats.prefix_fallbacks += len(fallback)
+        return prefix_ids, shared, fallback
+
+    @torch.inference_mode()
+    def _score_uncached(self, template: Template, texts: list[str]) -> np.ndarray:
+        prefix_ids, shared, fallback = self._split(template, texts)
         out = np.zeros((len(texts), len(self.label_ids)), dtype=np.float32)
         if shared:
-            suffixes = {i: full[i][n_prefix:] for i in shared}
-            for i, row in self._run_batches(suffixes, self._prefix_state(prefix_ids), n_prefix).items():
+            for i, row in self._run_batches(shared, self._prefix_state(prefix_ids), len(prefix_ids)).items():
                 out[i] = row
         if fallback:
-            self.stats.prefix_fallbacks += len(fallback)
-            for i, row in self._run_batches({i: full[i] for i in fallback}, None, 0).items():
+            for i, row in self._run_batches(fallback, None, 0).items():
                 out[i] = row
         self.stats.pairs_scored += len(texts)
         return out
+
+    @torch.inference_mode()
+    def _answer_uncached(self, template: Template, texts: list[str], max_new_tokens: int, complete) -> list[Answer]:
+        prefix_ids, shared, fallback = self._split(template, texts)
+        answers: dict[int, Answer] = {}
+        for suffixes, prefix_ids_ in ((shared, prefix_ids), (fallback, [])):
+            if suffixes:
+                answers.update(self._greedy(template, texts, suffixes, prefix_ids_, max_new_tokens, complete))
+        self.stats.pairs_scored += len(texts)  # the first step scored the labels too
+        self.stats.answers_generated += len(texts)
+        self.stats.answer_tokens += sum(a.tokens for a in answers.values())
+        return [answers[i] for i in range(len(texts))]
+
+    def _greedy(self, template, texts, suffixes: dict[int, list[int]], prefix_ids: list[int], max_new_tokens: int,
+                complete) -> dict[int, Answer]:
+        """Greedy decoding of the sequences ``suffixes`` after ``prefix_ids``, one packed pass per new token."""
+        tok = self.lm.tokenizer
+        new: dict[int, list[int]] = {i: [] for i in suffixes}
+        done: dict[int, Answer] = {}
+        active = dict(suffixes)
+        for step in range(max_new_tokens):
+            if not active:
+                break
+            prefix = self._prefix_state(prefix_ids) if prefix_ids else None
+            readout = self._first_token_readout if step == 0 else self._next_token_readout
+            for i, result in self._run_batches(active, prefix, len(prefix_ids), readout).items():
+                if step == 0:
+                    row, token = result
+                    self._cache.put(template.text, texts[i], row)  # what ``score`` would have computed
+                else:
+                    token = result
+                if token in self._eos:
+                    done[i] = Answer(tok.decode(new[i], skip_special_tokens=True), False, len(new[i]))
+                    del active[i]
+                    continue
+                new[i].append(token)
+                if complete is not None and complete(tok.decode(new[i], skip_special_tokens=True)):
+                    done[i] = Answer(tok.decode(new[i], skip_special_tokens=True), False, len(new[i]))
+                    del active[i]
+                else:
+                    active[i] = suffixes[i] + new[i]
+        for i in active:
+            done[i] = Answer(tok.decode(new[i], skip_special_tokens=True), True, len(new[i]))
+        return done
+
+    def _label_readout(self, picked: torch.Tensor) -> np.ndarray:
+        return label_logprobs(picked.float() @ self._label_head.T, self._head_index)
+
+    def _next_token_readout(self, picked: torch.Tensor) -> list[int]:
+        return (picked.to(self._vocab_head.dtype) @ self._vocab_head.T).argmax(-1).tolist()
+
+    def _first_token_readout(self, picked: torch.Tensor) -> list[tuple[np.ndarray, int]]:
+        return list(zip(self._label_readout(picked), self._next_token_readout(picked)))
 
     def _prefix_state(self, prefix_ids: list[int]):
         """The shared prefix in the form the forward path reads: for the packed Llama path a ``_PackedPrefix``
@@ -268,13 +366,15 @@ class LabelScorer:
         while len(self._prefixes) > self._keep_prefixes:
             self._prefixes.pop(next(iter(self._prefixes)))
 
-    def _run_batches(self, suffixes: dict[int, list[int]], prefix, n_prefix: int) -> dict[int, np.ndarray]:
-        """Score token sequences that follow a shared prefix (``prefix`` from ``_prefix_state``; None: no
-        prefix), packed."""
+    def _run_batches(self, suffixes: dict[int, list[int]], prefix, n_prefix: int, readout=None) -> dict[int, Any]:
+        """Run token sequences that follow a shared prefix (``prefix`` from ``_prefix_state``; None: no prefix),
+        packed; ``readout`` turns the last positions' hidden states into one result per sequence (by default
+        the label log-probs)."""
+        readout = readout or self._label_readout
         order = sorted(suffixes, key=lambda i: len(suffixes[i]))  # similar lengths together: tight attention buckets
         shards = self._shard_count(len(order))
         if shards == 1:
-            done = [self._run_shard(order, suffixes, prefix, n_prefix)]
+            done = [self._run_shard(order, suffixes, prefix, n_prefix, readout)]
         else:
             # Longest first, each to the part with the fewest tokens so far: the slowest thread sets the wall
             # time, and dealing a length-sorted list in turn would hand the same part the longest sequence of
@@ -285,7 +385,7 @@ class LabelScorer:
                 parts[k].insert(0, i)
                 loads[k] += len(suffixes[i])
             with _intra_op_threads(1), ThreadPoolExecutor(shards, thread_name_prefix="label-scorer") as pool:
-                done = list(pool.map(lambda part: self._run_shard(part, suffixes, prefix, n_prefix), parts))
+                done = list(pool.map(lambda part: self._run_shard(part, suffixes, prefix, n_prefix, readout), parts))
         if isinstance(prefix, _PackedPrefix) and prefix.head:
             self._remember_prefix(prefix.key, done[0][2])  # every thread ran the head; the first one's rows are kept
         self.stats.tokens_forward += sum(tokens for _, tokens, _ in done)
@@ -299,10 +399,10 @@ class LabelScorer:
         return max(1, min(torch.get_num_threads(), sequences // per_shard))
 
     @torch.inference_mode()  # thread-local: entered in each scoring thread
-    def _run_shard(self, order: list[int], suffixes: dict[int, list[int]], prefix, n_prefix: int):
-        """Run the sequences ``order`` (sorted by length) in packed batches; (label log-probs by index, tokens
-        run, the prefix's rows if this call ran its head)."""
-        results: dict[int, np.ndarray] = {}
+    def _run_shard(self, order: list[int], suffixes: dict[int, list[int]], prefix, n_prefix: int, readout):
+        """Run the sequences ``order`` (sorted by length) in packed batches; (``readout`` results by index,
+        tokens run, the prefix's rows if this call ran its head)."""
+        results: dict[int, Any] = {}
         start = tokens = 0
         head, rows_known = [], prefix
         if isinstance(prefix, _PackedPrefix):
@@ -324,7 +424,7 @@ class LabelScorer:
                     tokens, head = tokens + len(head), []
             else:
                 picked = self._hf_last_hidden(packing, prefix)
-            scores = label_logprobs(picked.float() @ self._label_head.T, self._head_index)
+            scores = readout(picked)
             for r, i in enumerate(rows):
                 results[i] = scores[r]
             tokens += total
