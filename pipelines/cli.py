@@ -162,6 +162,9 @@ def evaluation_report(task: TaskConfig, ev, name: str) -> dict:
         "decision_threshold": ev.decision.threshold if ev.decision else None,
         "pdr": dict(m.pdr),
         "judge": dict(m.judge),
+        "rates": {name: {"kept": kept, "of": total, "rate": kept / total if total else None}
+                  for name, (kept, total) in m.rates.items()},
+        "samples": [dict(sample) for sample in m.samples],
         "template_tokens": m.tokens,
         "latency_ms": {"p50": ev.latency.p50_ms, "p95": ev.latency.p95_ms} if ev.latency else {},
         "request_error_rate": ev.latency.error_rate if ev.latency else None,
@@ -186,7 +189,11 @@ def print_report(report: dict) -> None:
     print()
     print(table(rows))
     print()
-    metric_rows = [{"metric": k, "value": v} for k, v in report["metrics"].items()]
+    decision = (report["decision"] or {}).get("kind")
+    metric_rows = [{"metric": f"{k} (production decision: {decision})" if k != "roc_auc" else "roc_auc (label log-odds)",
+                    "value": v} for k, v in report["metrics"].items()]
+    for name, r in report["rates"].items():
+        metric_rows.append({"metric": f"{name} rate", "value": f"{r['kept']}/{r['of']}" + (f" = {r['rate']:.3f}" if r["of"] else "")})
     if report["decision_threshold"] is not None:
         metric_rows.append({"metric": "decision threshold (log-odds, fitted on train)", "value": report["decision_threshold"]})
     metric_rows += [{"metric": f"PDR {k}", "value": v} for k, v in report["pdr"].items()]
@@ -200,6 +207,11 @@ def print_report(report: dict) -> None:
         metric_rows.append({"metric": "render p99 (us)", "value": report["render_us_p99"]})
     metric_rows += [{"metric": f"timing {k}", "value": v} for k, v in report["timing_s"].items()]
     print(table(metric_rows))
+    if report["samples"]:
+        print("\nsampled answers (input -> what the target said -> what the contract made of it):")
+        for sample in report["samples"]:
+            print(f"  {sample['input'][:60]!r} -> {sample['answer']!r} -> {sample['parsed']!r}"
+                  f"{'' if sample['contract_kept'] else ' (contract broken)'}")
 
 
 def add_model_args(p: argparse.ArgumentParser, model_help: str) -> None:
@@ -320,10 +332,18 @@ def cmd_tune(args) -> int:
 def print_final_table(task: TaskConfig, report: dict) -> None:
     rows = report["test"]
     metric = task.scoring.metric
-    columns = ["template_name", metric, "roc_auc", "accuracy", "macro_f1", "total_reward",
-               *task.judge.rubrics, *[k for k in rows[0] if k.startswith("pdr/")], "tokens", "latency_p95_ms"]
-    print(f"\nheld-out test split ({task.name}): seed template vs the tuned finalists")
+    columns = ["template_name", metric, "roc_auc", "instruction_following_n", "instruction_following",
+               "entity_consistency_n", "entity_consistency", "total_reward", *task.judge.all_rubrics,
+               *[k for k in rows[0] if k.startswith("pdr/")], "tokens", "latency_p95_ms", "gate_passed"]
+    decision = next((r["decision"] for r in rows if r.get("decision")), task.scoring.decision)
+    print(f"\nheld-out test split ({task.name}): seed template vs the tuned finalists; {metric} is what an "
+          f"application gets under the {decision} decision; the rates count the target's answers")
     print(table(rows, columns))
+    print("\nthe gate on each (the seed as if it had no incumbent, the finalists against the seed):")
+    for row in rows:
+        print(f"  {row['template_name']}: {'PASSES' if row.get('gate_passed') else 'REFUSED'}")
+        for reason in row.get("gate_reasons") or []:
+            print(f"    {reason}")
     seed = rows[0][metric]
     tuned = rows[1] if len(rows) > 1 else None  # the best by whole-dev reward: chosen without looking at test
     if tuned is not None and seed is not None and tuned[metric] is not None:
@@ -365,11 +385,13 @@ def cmd_predict(args) -> int:
     finally:
         reader.close()
     if args.json:
-        print(json.dumps([{"text": text, "label": p.label, "version": p.version_id, "logprobs": p.logprobs}
+        print(json.dumps([{"text": text, "label": p.label, "version": p.version_id, "logprobs": p.logprobs,
+                           "answer": p.answer, "contract_broken": p.reason or None}
                           for text, p in zip(args.text, out)], indent=2))
     else:
         for text, p in zip(args.text, out):
-            print(f"{p.label}\tversion {p.version_id}\t{text[:80]!r}")
+            said = "" if p.answer is None else f"\tanswer {p.answer!r}" + (f" ({p.reason})" if p.reason else "")
+            print(f"{p.label if p.label is not None else 'NO RESULT'}\tversion {p.version_id}\t{text[:80]!r}{said}")
     return 0
 
 

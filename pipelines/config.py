@@ -67,28 +67,84 @@ class TemplateConfig(_Strict):
     chat_template: bool = Field(True, description="wrap the rendered prompt in the target model's chat template")
 
 
-class ScoringConfig(_Strict):
-    decision: Literal["threshold", "argmax"] = Field(
-        "threshold",
-        description="threshold: the positive label wins when its log-odds exceed a threshold fitted on the train "
-        "split (maximising balanced accuracy); argmax: the verbalizer with the highest probability wins",
+class AnswerConfig(_Strict):
+    """How an application reads the target's answer: its output contract (``templates.contract``)."""
+
+    rule: Literal["first_word", "exact"] = Field(
+        "first_word",
+        description="first_word: the answer's first word (case and surrounding punctuation ignored) must be a label's "
+        "answer word; exact: the whole answer must be one answer word",
     )
+    max_new_tokens: int = Field(4, ge=1, le=512, description="greedy answers stop here (cut off = a contract failure)")
+
+
+class ScoringConfig(_Strict):
+    decision: Literal["calibrated", "answer", "argmax", "threshold"] = Field(
+        "calibrated",
+        description="what production applies: calibrated: the positive label wins when its label log-odds exceed a "
+        "threshold fitted on the train split (maximising balanced accuracy); answer: the greedy answer parsed by the "
+        "output contract (a broken contract is a failure); argmax: the most probable answer word. 'threshold' is "
+        "the old name of calibrated",
+    )
+    answer: AnswerConfig = AnswerConfig()
     metric: Literal["balanced_accuracy", "accuracy", "macro_f1", "roc_auc"] = Field(
         "balanced_accuracy", description="the held-out metric reported and compared by the promotion gate"
     )
-    reward_metric: Literal["roc_auc"] = Field(
-        "roc_auc",
-        description="the dev metric inside the reward: threshold-free, so candidates need no calibration pass",
+    reward_metric: Literal["roc_auc", "balanced_accuracy", "accuracy", "macro_f1"] | None = Field(
+        None,
+        description="the dev metric inside the reward; default: roc_auc of the label log-odds for calibrated and "
+        "argmax decisions (threshold-free, no calibration pass), the held-out metric of the parsed answers for answer",
     )
+    entity_rule: Literal["swap"] = Field(
+        "swap", description="entity_consistency: swap: the decision stays the same when the input's entities (phone "
+        "numbers, amounts, URLs, ...) are replaced by others of the same type",
+    )
+    judge_examples: int = Field(8, ge=1, description="responses per candidate graded by the judge's response rubrics")
     batch_size: int = Field(64, gt=0, description="examples per forward pass of the target, packed without padding")
     calibration_examples: int = Field(120, ge=2, description="train examples used to fit the decision threshold")
     robustness_attacks: tuple[Literal["checklist", "stresstest"], ...] = ("checklist", "stresstest")
     robustness_examples: int = Field(20, ge=2, description="dev examples scored per perturbed template")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _resolve(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        if data.get("decision") == "threshold":
+            data["decision"] = "calibrated"
+        if data.get("reward_metric") is None:
+            answer = data.get("decision") == "answer"
+            data["reward_metric"] = data.get("metric", "balanced_accuracy") if answer else "roc_auc"
+        return data
+
+    @model_validator(mode="after")
+    def _answers_have_no_scores(self) -> "ScoringConfig":
+        if self.decision == "answer" and "roc_auc" in (self.metric, self.reward_metric):
+            raise ValueError("scoring: parsed answers carry no scores to rank, so an answer decision cannot use "
+                             "roc_auc; use balanced_accuracy, accuracy or macro_f1")
+        return self
+
 
 class JudgeConfig(_Strict):
-    rubrics: dict[str, str] = Field(description="component name -> a yes/no question about the candidate template")
+    rubrics: dict[str, str] = Field(
+        default_factory=dict,
+        description="component name -> a yes/no question about one (input, response) pair; the judge grades "
+        "scoring.judge_examples responses per candidate and the component is the mean P(yes)")
+    template_rubrics: dict[str, str] = Field(
+        default_factory=dict, description="component name -> a yes/no question about the template's own text")
     max_errors: int = Field(5, ge=0, description="judge failures tolerated in one run before it stops")
+
+    @model_validator(mode="after")
+    def _distinct(self) -> "JudgeConfig":
+        both = sorted(set(self.rubrics) & set(self.template_rubrics))
+        if both:
+            raise ValueError(f"judge: {both} named both as a response rubric and a template rubric; rename one")
+        return self
+
+    @property
+    def all_rubrics(self) -> dict[str, str]:
+        return {**self.rubrics, **self.template_rubrics}
 
 
 class RewardConfig(_Strict):
@@ -223,7 +279,7 @@ class TaskConfig(_Strict):
                 f"{len(self.labels)} labels: tasks are binary for now (threshold decision, ROC-AUC reward); "
                 "map the labels onto two"
             )
-        check_weights(self.reward.weights, components_for(self.judge.rubrics))  # before any model is loaded
+        check_weights(self.reward.weights, self.components())  # before any model is loaded
         self.skeleton()  # raises for a bad skeleton
         self.seed_template()  # raises for a bad seed instruction or constraint
         self.promotion_config()  # raises for bad promotion settings
@@ -266,10 +322,14 @@ class TaskConfig(_Strict):
         except (TypeError, ValueError) as exc:
             raise ValueError(f"promotion: {exc}") from None
 
+    def components(self) -> dict:
+        """Every reward component function, by name: the fixed ones, then one per judge rubric."""
+        return components_for(self.judge.all_rubrics, self.promotion.thresholds)
+
     @property
     def component_names(self) -> tuple[str, ...]:
         """Every reward component, weighted or only logged: the fixed ones, then one per judge rubric."""
-        return tuple(components_for(self.judge.rubrics))
+        return tuple(self.components())
 
     @property
     def verbalizers(self) -> list[str]:

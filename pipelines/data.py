@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipelines.config import ConfigError, TaskConfig, resolve_source
+from pipelines.config import TaskConfig, resolve_source
 
 
 @dataclass(frozen=True)

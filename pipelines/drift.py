@@ -5,11 +5,13 @@
 fresh data; point the task's ``data.source`` at newly labelled data to check on that), and compares:
 
 * each of the task's promotion thresholds (``promotion.thresholds``: reward component -> minimum), the same
-  bars a candidate had to clear to become production;
-* the held-out metric (``scoring.metric``, balanced accuracy for risk) against a bar: ``--min-metric`` if
-  given, else the figure the store recorded for this version on its test split minus ``--max-drop``.
-  The judge thresholds look at the template's text only, so data drift shows in this metric alone;
-  without a bar (no recorded figure and no ``--min-metric``) it is reported and not checked.
+  bars a candidate had to clear to become production: for risk the instruction-following and
+  entity-consistency rates of the target's answers on this split (0.82 / 0.78), so a model or data change
+  that breaks the answer format or the decision's stability shows here;
+* the held-out metric (``scoring.metric``, balanced accuracy for risk) under the version's production decision,
+  against a bar: ``--min-metric`` if given, else the figure the store recorded for this version on its test
+  split minus ``--max-drop``; without a bar (no recorded figure and no ``--min-metric``) it is reported and not
+  checked.
 
 ``compare`` is the pure part (figures and bars in, one row per bar out); ``check_production`` does the I/O.
 """

@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 from pipelines.config import RunOptions, TaskConfig
 from pipelines.data import load_splits
 from pipelines.generation import candidate_text, instruction_of, meta_prompt
+from rewards.components import RATES
 
 
 @dataclass
@@ -72,6 +73,7 @@ def _update_leaderboard(board: list[dict], rows: list[dict], keep: int = 20) -> 
 def tune(task: TaskConfig, options: RunOptions, *, resume: bool = False, log=print) -> dict[str, Any]:
     """Run the tuning job; returns the final report (also written to run_dir/report.json)."""
     from pipelines.engine.models import load_causal_lm
+    from pipelines.promotion import gate
     from pipelines.ray_scoring import ScoringPool, init_ray
     from pipelines.rl import ppo as rl
     from pipelines.tracking import Tracker
@@ -124,7 +126,9 @@ def tune(task: TaskConfig, options: RunOptions, *, resume: bool = False, log=pri
         "(chosen on the whole dev split) on the held-out test split ...")
     evaluations = pool.evaluate([seed_text] + finalists, "test")
     timings["timing/test_eval_s"] = time.perf_counter() - t
-    final_rows = [_final_row(task, "seed" if i == 0 else f"candidate {i}", ev) for i, ev in enumerate(evaluations)]
+    gates = [gate(task, ev, None if i == 0 else evaluations[0]) for i, ev in enumerate(evaluations)]
+    final_rows = [_final_row(task, "seed" if i == 0 else f"candidate {i}", ev, g)
+                  for i, (ev, g) in enumerate(zip(evaluations, gates))]
     tracker.log_leaderboard(sorted(final_rows, key=lambda r: -r[task.scoring.metric]))
     report = {"task": task.name, "run_dir": str(run_dir), "steps": state.step, "wandb_folder": tracker.folder,
               "target_calls": state.target_calls, "test": final_rows, "shortlist": shortlist, "history": state.history,
@@ -198,12 +202,20 @@ def select_finalists(task: TaskConfig, pool, ranked: list[str], n: int) -> tuple
     return [r["template"] for r in rows[:n] if r["valid"]], rows
 
 
+def rate_text(m, name: str) -> str | None:
+    """A rate as "kept/of", e.g. "83/100"; None when it was not measured."""
+    kept, total = m.rates.get(name, (0, 0))
+    return f"{kept}/{total}" if total else None
+
+
 def _row(task: TaskConfig, step: int, scored) -> dict:
     m, reward = scored.measured, scored.reward
     row = {"step": step, "template": m.template, "instruction": instruction_of(task, m.template), "valid": m.valid,
            "tokens": m.tokens, "total_reward": reward.total, "invalid_reasons": "; ".join(m.reasons),
            task.scoring.reward_metric: m.metrics.get(task.scoring.reward_metric), "target_calls": scored.target_calls}
     row.update(reward.components)
+    row.update({f"{name}_n": rate_text(m, name) for name in RATES})
+    row["samples"] = [dict(sample) for sample in m.samples]
     return row
 
 
@@ -216,12 +228,20 @@ def _reward_means(rows: list[dict], components) -> dict[str, float]:
     return out
 
 
-def _final_row(task: TaskConfig, name: str, ev) -> dict:
+def _final_row(task: TaskConfig, name: str, ev, gate) -> dict:
+    """One evaluated template's held-out row: the production figures under its decision, the rates with their
+    counts, and the gate's decision with every reason (the seed against no incumbent, candidates against it)."""
     m, lat = ev.measured, ev.latency
     row = {"template_name": name, "instruction": instruction_of(task, m.template), "valid": m.valid,
+           "decision": ev.decision.kind if ev.decision else None,
            "total_reward": ev.reward.total, **{k: m.metrics.get(k) for k in ("balanced_accuracy", "accuracy", "macro_f1", "roc_auc")},
+           **{name: ev.reward.components.get(name) for name in RATES},
+           **{f"{name}_n": rate_text(m, name) for name in RATES},
            "tokens": m.tokens, "latency_p95_ms": lat.p95_ms if lat else None,
-           "render_us_p99": lat.render_us_p99 if lat else None, "template": m.template}
+           "render_us_p99": lat.render_us_p99 if lat else None, "template": m.template,
+           "gate_passed": gate.promote if gate else False,
+           "gate_reasons": list(gate.reasons) if gate else ["fail: invalid template"]}
     row.update({f"pdr/{k}": v for k, v in m.pdr.items()})
     row.update(m.judge)
+    row["samples"] = [dict(sample) for sample in m.samples]
     return row

@@ -54,6 +54,16 @@ def measurements(scores: dict, latency: dict, metric: str) -> Measurements:
         render_us_p99=figure(latency.get("render_us_p99")))
 
 
+def gate(task: TaskConfig, ev: Evaluation, incumbent: Evaluation | None) -> Decision | None:
+    """The gate's decision on one evaluated template against an incumbent evaluated in the same run (None: no
+    incumbent, so the thresholds, budgets and latency bars alone); None for an invalid template."""
+    if not ev.measured.valid:
+        return None
+    config = task.promotion_config()
+    return decide(measurements(*record(ev), config.metric),
+                  measurements(*record(incumbent), config.metric) if incumbent is not None else None, config)
+
+
 def promote(task: TaskConfig, store_url: str, evaluations: list[Evaluation], run_id: str, *, allow: bool = True) -> dict:
     """Record the seed (as the first production version, if the task has none) and the first valid candidate
     (``evaluations[0]`` is the seed, the rest are candidates, best by dev reward first), with the gate's

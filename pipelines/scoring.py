@@ -5,11 +5,21 @@
 (``eval``, ``check``). It loads or reaches the target and judge models (local models, or OpenAI-compatible
 endpoints) and binds the task's reward components once.
 
+Every candidate is measured on the target's *responses*, as production would receive them:
+
+* the greedy answers (``OutputContract``: ``instruction_following`` is the share that keep the contract);
+* the decision of the task (``scoring.decision``: the label log-probs with a fitted threshold, or the parsed
+  answer), and whether it survives swapping the input's entities (``entity_consistency``);
+* the judge's grades of a few (input, response) pairs, and of the template's text for template rubrics;
+* the reward metric and PromptBench robustness (label log-odds ROC-AUC on a dev sample).
+
 Two modes:
-* ``measure`` (the tuning loop): the dev split, the reward metric (ROC-AUC by default, threshold-free),
-  robustness on a dev sample, the judge, and the weighted reward. No calibration pass.
-* ``evaluate`` (``tune-prompts eval``, final tables, the promotion gate): any split, the decision rule of the
-  task (a threshold fitted on train examples, or argmax), every metric, per-request latency and render time.
+* ``measure`` (the tuning loop): the dev sample; under a calibrated decision the rates use a threshold fitted
+  on the same dev log-odds (no calibration pass), and the reward metric is their ROC-AUC; under an answer
+  decision the reward metric is the production metric of the parsed answers.
+* ``evaluate`` (``tune-prompts eval``, final tables, the promotion gate): any split, the production decision
+  (``fit_decision``: a threshold fitted on train examples, argmax, or the parsed answer), every metric and rate,
+  per-request latency and render time. ``TemplateReader.predict`` applies the same decision at serving time.
 """
 
 from __future__ import annotations
@@ -26,9 +36,11 @@ from pipelines.config import Endpoint, ModelSource, TaskConfig
 from pipelines.data import Example, Splits
 from pipelines.engine.models import LoadedLM, load_causal_lm, load_tokenizer
 from rewards import promptbench_metrics as pbm
-from rewards.components import Measured, components_for
-from rewards.judge import JUDGE_VERBALIZERS, Judge
+from rewards.components import Measured
+from rewards.entities import swap_entities
+from rewards.judge import JUDGE_VERBALIZERS, RESPONSE_FRAME, Judge, response_item
 from rewards.weighting import Reward, weigh
+from templates.contract import OutputContract, Parsed
 from templates.decision import DecisionRule
 from templates.template import Template, validate_candidate
 
@@ -67,6 +79,26 @@ class Latency:
 
 def _reward_chance(task: TaskConfig) -> float:
     return 0.5 if task.scoring.reward_metric == "roc_auc" else 1.0 / len(task.labels)
+
+
+def task_contract(task: TaskConfig) -> OutputContract:
+    """The output contract of a classification task's answers: one of the label words, by the task's rule."""
+    return OutputContract("labels", labels=tuple(task.labels), words=tuple(task.verbalizers),
+                          rule=task.scoring.answer.rule)
+
+
+@dataclass
+class Responses:
+    """One template's outputs on some examples: the label log-probs, and (when asked for) the greedy answers and
+    their parses under the contract."""
+
+    logprobs: np.ndarray
+    answers: list | None = None  # pipelines.engine.answers.Answer
+    parsed: list[Parsed] | None = None
+
+    def kept(self) -> tuple[int, int]:
+        """(answers that keep the contract, answers)."""
+        return sum(p.ok for p in self.parsed), len(self.parsed)
 
 
 def build_scorer(task: TaskConfig, splits: Splits, target: ModelSource | LoadedLM,
@@ -112,19 +144,22 @@ def label_scorer(source: ModelSource | LoadedLM, verbalizers: Sequence[str], *, 
 class CandidateScorer:
     def __init__(self, task: TaskConfig, splits: Splits, target, judge, tokenizer, *, reward_examples: int | None = None):
         """``target`` and ``judge``: label scorers, anything with ``score(template, texts) -> log-probs``,
-        ``verbalizers`` and ``stats`` (``LabelScorer``, ``EndpointLabelScorer``); the target answers with the
-        task's verbalizers in label order, the judge with ``JUDGE_VERBALIZERS``. ``build_scorer`` makes them."""
+        ``answer(template, texts, max_new_tokens, complete) -> answers``, ``verbalizers`` and ``stats``
+        (``LabelScorer``, ``EndpointLabelScorer``); the target answers with the task's verbalizers in label order,
+        the judge with ``JUDGE_VERBALIZERS``. ``build_scorer`` makes them."""
         for scorer, words, role in ((target, task.verbalizers, "target"), (judge, list(JUDGE_VERBALIZERS), "judge")):
             if list(getattr(scorer, "verbalizers", ())) != words:
                 raise ValueError(f"the {role} scorer answers {list(getattr(scorer, 'verbalizers', ()))}; it must answer {words}")
-        self.components = components_for(task.judge.rubrics)  # the weights were checked against them at task load
+        self.components = task.components()  # the weights were checked against them at task load
         self.task = task
         self.splits = splits
         self.labels = list(task.labels)
         self.positive = self.labels.index(task.positive_label)
         self.target = target
         self.judge_scorer = judge
-        self.judge = Judge(task.judge.rubrics, judge.score, task.judge.max_errors)
+        self.judge = Judge(task.judge.rubrics, judge.score, task.judge.max_errors, frame=RESPONSE_FRAME)
+        self.template_judge = Judge(task.judge.template_rubrics, judge.score, task.judge.max_errors)
+        self.contract = task_contract(task)
         self.tokenizer = tokenizer
         cfg = task.scoring
         self.dev = list(splits.dev)[:reward_examples] if reward_examples else list(splits.dev)
@@ -152,6 +187,57 @@ class CandidateScorer:
     def _reward_metric(self, log_odds: np.ndarray, examples: Sequence[Example]) -> float:
         return pbm.roc_auc(log_odds, [e.label == self.task.positive_label for e in examples])
 
+    def responses(self, template: Template, examples: Sequence[Example], *, answers: bool = True) -> Responses:
+        """The target's label log-probs for ``examples`` and, with ``answers``, its greedy answers and their
+        parses (the answers' first pass computes the log-probs too, so asking for both costs one pass more)."""
+        texts = [e.text for e in examples]
+        if not answers:
+            return Responses(self.target.score(template, texts))
+        got = self.target.answer(template, texts, self.task.scoring.answer.max_new_tokens, self.contract.complete)
+        parsed = [self.contract.parse(a.text, truncated=a.truncated) for a in got]
+        return Responses(self.target.score(template, texts), got, parsed)
+
+    def decide(self, rule: DecisionRule, responses: Responses) -> list[str | None]:
+        """What an application receives for each example under ``rule`` (None: the answer broke the contract)."""
+        if rule.kind == "answer":
+            return [p.value if p.ok else None for p in responses.parsed]
+        return [rule.decide(row) for row in responses.logprobs]
+
+    def entity_consistency(self, template: Template, examples: Sequence[Example], rule: DecisionRule,
+                           decided: Sequence[str | None]) -> tuple[int, int]:
+        """(kept, inputs with entities): the decision on an input whose entities (phone numbers, amounts, URLs,
+        dates, numbers) were swapped for others of the same type equals the original decision. An input whose
+        answer broke the contract keeps nothing."""
+        swapped = [(i, swap_entities(e.text, self.task.split.seed)) for i, e in enumerate(examples)]
+        swapped = [(i, text) for i, text in swapped if text is not None]
+        if not swapped:
+            return 0, 0
+        variants = [Example(text, examples[i].label) for i, text in swapped]
+        again = self.decide(rule, self.responses(template, variants, answers=rule.kind == "answer"))
+        return sum(decided[i] is not None and decided[i] == label for (i, _), label in zip(swapped, again)), len(swapped)
+
+    def judge_responses(self, examples: Sequence[Example], responses: Responses) -> dict[str, float | None]:
+        """The judge's mean P(yes) per response rubric over the first ``scoring.judge_examples`` (input, answer)
+        pairs (None where it failed on every pair)."""
+        if not self.task.judge.rubrics:
+            return {}
+        k = self.task.scoring.judge_examples
+        items = [response_item(self.task.description, e.text, a.text) for e, a in zip(examples[:k], responses.answers[:k])]
+        graded = self.judge(items)
+        out = {}
+        for rubric in self.task.judge.rubrics:
+            values = [row[rubric] for row in graded if row.get(rubric) is not None]
+            out[rubric] = float(np.mean(values)) if values else None
+        return out
+
+    def samples(self, examples: Sequence[Example], responses: Responses, decided, n: int = 4) -> tuple[dict, ...]:
+        """A few rows a reviewer reads: the input, what the model said, what the contract made of it."""
+        return tuple(
+            {"input": e.text[:300], "answer": a.text, "parsed": p.value if p.ok else p.reason, "contract_kept": p.ok,
+             "decision": d, "label": e.label}
+            for e, a, p, d in list(zip(examples, responses.answers, responses.parsed, decided))[:n]
+        )
+
     def robustness_pdr(self, template: Template) -> dict[str, float]:
         """PDR per PromptBench attack on a dev sample, one perturbed variant per attack chosen by the
         template's hash (PromptBench's attacks search all variants for the worst; that costs 53x more)."""
@@ -170,7 +256,7 @@ class CandidateScorer:
             metric = (
                 self._reward_metric(self.log_odds(check.template, sample), sample)
                 if check.ok
-                else _reward_chance(self.task)
+                else 0.5
             )
             out[attack] = pbm.performance_drop_rate(clean_metric, metric)
         return out
@@ -192,20 +278,33 @@ class CandidateScorer:
             else:
                 valid.append((i, check.template, check.tokens))
         t0 = time.perf_counter()
-        judged = self.judge([t.text for _, t, _ in valid]) if valid else []
+        template_judged = self.template_judge([t.text for _, t, _ in valid]) if valid else []
         judge_s = (time.perf_counter() - t0) / max(1, len(valid))
-        for (i, template, tokens), judge in zip(valid, judged):
+        gold = [e.label for e in dev]
+        for (i, template, tokens), judged in zip(valid, template_judged):
             computed_before = self.target.stats.pairs_scored
             t0 = time.perf_counter()
-            metric = self._reward_metric(self.log_odds(template, dev), dev)
+            out = self.responses(template, dev)
+            odds = self._positive_log_odds(out.logprobs)
+            metrics = {"roc_auc": self._reward_metric(odds, dev)}
+            if cfg.scoring.decision == "answer":
+                rule = self.fit_decision(template)
+                decided = self.decide(rule, out)
+                metrics.update(pbm.classification_metrics(decided, gold, self.labels))
+            else:  # the rates need a decision; in the loop the threshold is fitted on the same dev log-odds
+                rule = self._calibrated(odds, dev) if cfg.scoring.decision == "calibrated" else self.fit_decision(template)
+                decided = self.decide(rule, out)
             t1 = time.perf_counter()
+            consistency = self.entity_consistency(template, dev, rule, decided)
             pdr = self.robustness_pdr(template)
             t2 = time.perf_counter()
+            judged = {**judged, **self.judge_responses(dev, out)}
             m = Measured(
                 template=template.text, valid=True, tokens=tokens, max_tokens=cfg.template.max_tokens,
-                metrics={cfg.scoring.reward_metric: metric}, reward_metric=cfg.scoring.reward_metric,
-                chance=_reward_chance(cfg), pdr=pdr, judge=judge,
-                timing={"target_s": t1 - t0, "robustness_s": t2 - t1, "judge_s": judge_s},
+                metrics=metrics, reward_metric=cfg.scoring.reward_metric, chance=_reward_chance(cfg), pdr=pdr,
+                judge=judged, rates={"instruction_following": out.kept(), "entity_consistency": consistency},
+                samples=self.samples(dev, out, decided),
+                timing={"target_s": t1 - t0, "robustness_s": t2 - t1, "judge_s": judge_s + time.perf_counter() - t2},
             )
             results[i] = Scored(m, self.reward(m), self.target.stats.pairs_scored - computed_before)
         return results  # type: ignore[return-value]
@@ -214,20 +313,28 @@ class CandidateScorer:
         return weigh(m, self.task.reward.weights, self.components, self.task.reward.invalid_penalty)
 
     # --- full evaluation ---------------------------------------------------------------------------
+    def _calibrated(self, odds: np.ndarray, examples: Sequence[Example]) -> DecisionRule:
+        threshold = pbm.fit_threshold(odds, [e.label == self.task.positive_label for e in examples])
+        return DecisionRule("calibrated", tuple(self.labels), tuple(self.task.verbalizers), self.task.positive_label,
+                            float(threshold))
+
     def fit_decision(self, template: Template) -> DecisionRule:
         """The production decision for ``template``: the task's rule, with its threshold fitted on the train
         split when it has one (maximising balanced accuracy on ``scoring.calibration_examples`` examples)."""
         labels, words = tuple(self.labels), tuple(self.task.verbalizers)
-        if self.task.scoring.decision != "threshold":
+        kind = self.task.scoring.decision
+        if kind == "answer":
+            return DecisionRule("answer", labels, words, contract=self.contract,
+                                max_new_tokens=self.task.scoring.answer.max_new_tokens)
+        if kind == "argmax":
             return DecisionRule("argmax", labels, words)
-        odds = self.log_odds(template, self.calibration)
-        threshold = pbm.fit_threshold(odds, [e.label == self.task.positive_label for e in self.calibration])
-        return DecisionRule("calibrated", labels, words, self.task.positive_label, float(threshold))
+        return self._calibrated(self.log_odds(template, self.calibration), self.calibration)
 
     def predict(self, template: Template, examples: Sequence[Example], decision: DecisionRule):
-        """Labels under ``decision`` (what an application receives) and the positive-label log-odds."""
-        lp = self.target.score(template, [e.text for e in examples])
-        return [decision.decide(row) for row in lp], self._positive_log_odds(lp)
+        """Labels under ``decision`` (what an application receives; None for a broken answer) and the
+        positive-label log-odds."""
+        out = self.responses(template, examples, answers=decision.kind == "answer")
+        return self.decide(decision, out), self._positive_log_odds(out.logprobs)
 
     def render_us_p99(self, template: Template, examples: Sequence[Example], repeats: int = 2000) -> float:
         values = [{self.task.input_variable: e.text} for e in examples[:50]]
@@ -240,7 +347,7 @@ class CandidateScorer:
         return float(np.percentile(samples, 99))
 
     def evaluate(self, text: str, split: str = "dev", *, latency: bool = True) -> Evaluation:
-        """Every component of one template on one split, with the task's decision rule."""
+        """Every component of one template on one split, under the production decision."""
         cfg = self.task
         examples = list(self.splits[split])
         check = self.validate(text)
@@ -254,20 +361,25 @@ class CandidateScorer:
         decision = self.fit_decision(template)
         timing["calibrate_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        preds, odds = self.predict(template, examples, decision)
+        out = self.responses(template, examples)
+        odds = self._positive_log_odds(out.logprobs)
+        decided = self.decide(decision, out)
         gold = [e.label for e in examples]
-        metrics = pbm.classification_metrics(preds, gold, self.labels, odds, cfg.positive_label)
+        metrics = pbm.classification_metrics(decided, gold, self.labels, odds, cfg.positive_label)
         timing["target_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
+        consistency = self.entity_consistency(template, examples, decision, decided)
         pdr = self.robustness_pdr(template)
         timing["robustness_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        (judge,) = self.judge([template.text])
+        (judged,) = self.template_judge([template.text])
+        judged = {**judged, **self.judge_responses(examples, out)}
         timing["judge_s"] = time.perf_counter() - t0
         m = Measured(
             template=template.text, valid=True, tokens=check.tokens, max_tokens=cfg.template.max_tokens,
             metrics=metrics, reward_metric=cfg.scoring.reward_metric, chance=_reward_chance(cfg),
-            pdr=pdr, judge=judge, timing=timing,
+            pdr=pdr, judge=judged, rates={"instruction_following": out.kept(), "entity_consistency": consistency},
+            samples=self.samples(examples, out, decided), timing=timing,
         )
         result = Evaluation(m, self.reward(m), split, len(examples), decision)
         if latency:

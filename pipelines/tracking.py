@@ -10,7 +10,9 @@ import os
 from pathlib import Path
 from typing import Mapping, Sequence
 
-CANDIDATE_COLUMNS = ["step", "template", "instruction", "valid", "tokens", "total_reward", "invalid_reasons"]
+CANDIDATE_COLUMNS = ["step", "template", "instruction", "valid", "tokens", "total_reward", "invalid_reasons",
+                     "instruction_following_n", "entity_consistency_n"]
+SAMPLE_COLUMNS = ["step", "instruction", "input", "answer", "parsed", "contract_kept", "decision", "label"]
 
 
 class Tracker:
@@ -35,16 +37,20 @@ class Tracker:
         return str(Path(self.run.dir).parent)
 
     def log_step(self, step: int, scalars: Mapping[str, float], rows: Sequence[dict]) -> None:
-        """One step: scalars plus the table of its candidates (one row per candidate)."""
+        """One step: scalars, the table of its candidates (one row per candidate) and a few sampled answers of
+        each (input, what the target said, what the contract made of it), so a reviewer sees the responses."""
         columns = CANDIDATE_COLUMNS + self.components
         table = self._wandb.Table(columns=columns, data=[[row.get(c) for c in columns] for row in rows])
-        self.run.log({**scalars, "candidates": table}, step=step)
+        answers = [[row.get("step"), row.get("instruction"), *[sample.get(c) for c in SAMPLE_COLUMNS[2:]]]
+                   for row in rows for sample in row.get("samples") or []]
+        samples = self._wandb.Table(columns=SAMPLE_COLUMNS, data=answers)
+        self.run.log({**scalars, "candidates": table, "answers": samples}, step=step)
 
     def log_leaderboard(self, rows: Sequence[dict]) -> None:
         if not rows:
             return
-        columns = list(rows[0])
-        table = self._wandb.Table(columns=columns, data=[[row.get(c) for c in columns] for row in rows])
+        columns = [c for c in rows[0] if c != "samples"]
+        table = self._wandb.Table(columns=columns, data=[[_cell(row.get(c)) for c in columns] for row in rows])
         self.run.log({"leaderboard": table})
         for key, value in rows[0].items():
             if isinstance(value, (int, float)):
@@ -52,3 +58,8 @@ class Tracker:
 
     def finish(self) -> None:
         self.run.finish()
+
+
+def _cell(value):
+    """A table cell: lists (the gate's reasons) as one line each."""
+    return "\n".join(map(str, value)) if isinstance(value, list) else value

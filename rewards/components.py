@@ -6,10 +6,19 @@ functions only turn measurements into comparable numbers, so they are pure and t
 
 How each enters the reward (the weights live in the task file):
 
-* ``task_metric``: the reward metric on the dev split, rescaled so chance scores 0 and perfect scores 1
-  (ROC-AUC by default: it needs no decision threshold, so a candidate is scored without a calibration pass,
-  and it notices a template that inverts the model's answers). Below chance is negative.
-* ``instruction_following``, ``entity_consistency``, ``coherence``: the judge's P(yes) for each rubric, 0..1.
+* ``task_metric``: the reward metric on the dev split, rescaled so chance scores 0 and perfect scores 1.
+  Under a calibrated decision it is the ROC-AUC of the label log-odds (the threshold is fitted later, so a
+  candidate is scored without a calibration pass); under an answer decision it is the production metric of the
+  parsed answers (an answer that breaks the contract is wrong). Below chance is negative.
+* ``label_log_odds``: the ROC-AUC of the label log-odds, rescaled the same way: a smoother signal an answer
+  task may weight a little to break ties (under a calibrated decision it repeats ``task_metric``).
+* ``instruction_following``: the share of the target's greedy answers that keep the output contract.
+* ``entity_consistency``: the share of inputs with entities whose decision stays the same when the entities
+  are replaced by others of the same type (``rewards.entities``); a broken answer keeps nothing.
+* ``threshold_shortfall``: minus the summed shortfall of the rates under the promotion thresholds (0 when all
+  clear them): the gate refuses such a candidate, so the tuner is told before it gets there.
+* one per judge rubric (``coherence``, ``factual_support``, ...): the judge's mean P(yes), 0..1, over graded
+  (input, response) pairs, or over the template's text for a template rubric.
 * ``robustness``: ``1 - mean PDR`` over PromptBench's checklist and stresstest perturbations, clipped to 0..1.
 * ``length``: ``-tokens / max_tokens``, from 0 (empty) to -1 (at the budget): a gentle push to shorter templates.
 """
@@ -35,7 +44,13 @@ class Measured:
     chance: float = 0.5  # the reward metric's value for a template that carries no information
     pdr: Mapping[str, float] = field(default_factory=dict)  # attack -> Performance Drop Rate
     judge: Mapping[str, float | None] = field(default_factory=dict)  # rubric -> P(yes), None on judge failure
+    rates: Mapping[str, tuple[int, int]] = field(default_factory=dict)  # rate name -> (kept, out of)
+    samples: tuple[Mapping, ...] = ()  # a few (input, answer, parsed, contract_kept) rows, for reviewers
     timing: Mapping[str, float] = field(default_factory=dict)
+
+    def rate(self, name: str) -> float | None:
+        kept, total = self.rates.get(name, (0, 0))
+        return kept / total if total else None
 
 
 def _finite(x) -> bool:
@@ -47,6 +62,33 @@ def task_metric(m: Measured) -> float | None:
     if not _finite(value):
         return None
     return (value - m.chance) / (1.0 - m.chance)
+
+
+def label_log_odds(m: Measured) -> float | None:
+    value = m.metrics.get("roc_auc")
+    return (value - 0.5) / 0.5 if _finite(value) else None
+
+
+def instruction_following(m: Measured) -> float | None:
+    return m.rate("instruction_following")
+
+
+def entity_consistency(m: Measured) -> float | None:
+    return m.rate("entity_consistency")
+
+
+RATES = ("instruction_following", "entity_consistency")
+
+
+def threshold_shortfall(thresholds: Mapping[str, float]) -> Callable[[Measured], float | None]:
+    """Minus how far the rates fall short of their promotion thresholds, summed (a missing rate counts in full)."""
+    bars = {name: bar for name, bar in thresholds.items() if name in RATES}
+
+    def component(m: Measured) -> float | None:
+        return -sum(max(0.0, bar - (m.rate(name) or 0.0)) for name, bar in bars.items())
+
+    component.__name__ = "threshold_shortfall"
+    return component
 
 
 def robustness(m: Measured) -> float | None:
@@ -73,14 +115,21 @@ def judge_component(rubric: str) -> Callable[[Measured], float | None]:
     return component
 
 
-def components_for(rubrics) -> dict[str, Callable[[Measured], float | None]]:
+def components_for(rubrics, thresholds: Mapping[str, float] | None = None) -> dict[str, Callable[[Measured], float | None]]:
     """All reward components of a task: the fixed ones plus one per judge rubric."""
     out: dict[str, Callable[[Measured], float | None]] = {
         "task_metric": task_metric,
+        "label_log_odds": label_log_odds,
+        "instruction_following": instruction_following,
+        "entity_consistency": entity_consistency,
+        "threshold_shortfall": threshold_shortfall(thresholds or {}),
         "robustness": robustness,
         "length": length,
     }
     for rubric in rubrics:
+        if rubric in RATES:
+            raise ValueError(f"judge rubric {rubric!r}: {rubric} is now measured as a rate over the target's answers, "
+                             f"not asked of the judge; remove it from judge.rubrics (it stays a reward component)")
         if rubric in out:
             raise ValueError(f"judge rubric {rubric!r} has the name of a built-in component; rename it")
         out[rubric] = judge_component(rubric)

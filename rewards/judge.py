@@ -1,8 +1,13 @@
-"""The self-evaluating judge: a small LLM answers the task's rubric questions about a candidate template.
+"""The self-evaluating judge: a small LLM answers the task's rubric questions.
 
-Each rubric is a yes/no question from the task file. The judge model reads the candidate inside a fixed
-frame and its score is P(yes) / (P(yes) + P(no)) from one forward pass. The candidate is a *value* of the
-frame (inserted literally), never part of the frame's own template text.
+Each rubric is a yes/no question from the task file. The judge model reads the item inside a fixed frame and
+its score is P(yes) / (P(yes) + P(no)) from one forward pass. The item is a *value* of the frame (inserted
+literally), never part of the frame's own template text. Two frames:
+
+* ``RESPONSE_FRAME`` (``judge.rubrics``): one (input, response) pair, the target's greedy answer to one input
+  (``response_item``); a candidate's score is the mean over the pairs graded. This is the self-evaluation of
+  responses: coherence, factual support.
+* ``TEMPLATE_FRAME`` (``judge.template_rubrics``): the candidate template's own text, e.g. its readability.
 
 Failures are bounded: an error on one item gives None for that rubric and counts in ``errors``; past
 ``max_errors`` in a run the judge raises ``JudgeError`` and the run stops with that message.
@@ -17,11 +22,23 @@ import numpy as np
 
 from templates.template import Template, TemplateError
 
-FRAME = (
+TEMPLATE_FRAME = (
     "You review prompts written for an AI assistant.\n"
     "Prompt:\n<<<\n{candidate}\n>>>\n"
     "Question: {question} Answer yes or no."
 )
+RESPONSE_FRAME = (
+    "You check the answers an AI assistant gave.\n"
+    "{candidate}\n"
+    "Question: {question} Answer yes or no."
+)
+FRAME = TEMPLATE_FRAME  # the frame of earlier versions
+
+
+def response_item(task_description: str, text: str, answer: str, max_chars: int = 1500) -> str:
+    """One (input, response) pair as the judge reads it (long inputs shortened; the answer in full)."""
+    text = text if len(text) <= max_chars else text[:max_chars] + " ..."
+    return f"Task: {task_description.strip()}\nInput:\n<<<\n{text}\n>>>\nAnswer:\n<<<\n{answer}\n>>>"
 JUDGE_VERBALIZERS = ("yes", "no")
 
 # ask(frame, candidates) -> label log-probs over JUDGE_VERBALIZERS, shape (len(candidates), 2)
@@ -33,7 +50,7 @@ class JudgeError(RuntimeError):
 
 
 class Judge:
-    def __init__(self, rubrics: Mapping[str, str], ask: AskFn, max_errors: int = 5):
+    def __init__(self, rubrics: Mapping[str, str], ask: AskFn, max_errors: int = 5, frame: str = TEMPLATE_FRAME):
         if not callable(ask):
             raise TypeError("the judge's ask function must be callable as ask(template, candidates)")
         self.frames: dict[str, Template] = {}
@@ -41,7 +58,7 @@ class Judge:
             # The question becomes part of the frame's text, so braces in it would be placeholders: refuse them.
             try:
                 self.frames[name] = Template(
-                    FRAME.replace("{question}", question.strip()), ("candidate",)
+                    frame.replace("{question}", question.strip()), ("candidate",)
                 )
             except TemplateError as exc:
                 raise ValueError(f"judge rubric {name!r}: {exc}") from None

@@ -1,8 +1,9 @@
 """The reader applications use: cached templates by label, sticky canary routing, rendering, prediction.
 
 ``predict`` is what production receives: the routed version rendered for one input, the target model's label
-log-probs, and the version's own decision rule applied to them (the rule, e.g. a threshold fitted on train,
-ships inside the version). The held-out figures a version records were computed the same way.
+log-probs (and, under an answer decision, its greedy answer), and the version's own decision rule applied to
+them (the rule, e.g. a threshold fitted on train or the answer's output contract, ships inside the version).
+The held-out figures a version records were computed the same way.
 
 Two caches. Compiled templates are kept by version id for the reader's lifetime: versions never
 change, so these never go stale, and a promotion or rollback to a version the reader has seen
@@ -38,9 +39,11 @@ _NO_CANARY = Canary(0, 0.0)  # cached for a task without a canary: share 0 route
 class Prediction:
     """One input's result as production receives it, and what it was decided from."""
 
-    label: str
+    label: str | None  # None: the answer broke the version's output contract (``reason`` says how)
     version_id: int
-    logprobs: dict[str, float]  # label -> log-probability (normalised over the labels) the decision read
+    logprobs: dict[str, float]  # label -> log-probability (normalised over the labels)
+    answer: str | None = None  # the raw greedy answer (answer decisions)
+    reason: str = ""  # why the answer broke the contract
 
 
 class TemplateReader:
@@ -77,9 +80,9 @@ class TemplateReader:
 
     def predict(self, task: str, values: Mapping[str, Any], target, *, label: str | None = None,
                 key: str | None = None) -> Prediction:
-        """Render the routed version for ``values``, ask ``target`` for the label log-probs and apply the
-        version's decision. ``target``: a label scorer of the model the version was tuned for, with
-        ``score(template, texts)`` and ``verbalizers`` (``pipelines.engine.endpoints.make_label_scorer`` makes
+        """Render the routed version for ``values``, ask ``target`` for the label log-probs (and the greedy answer
+        under an answer decision) and apply the version's decision. ``target``: a label scorer of the model the
+        version was tuned for, with ``score(template, texts)``, ``answer(...)`` and ``verbalizers`` (``pipelines.engine.endpoints.make_label_scorer`` makes
         one for a loaded model or an OpenAI-compatible endpoint)."""
         version_id = self._route(task, label, key)
         template = self._template(version_id)
@@ -92,7 +95,14 @@ class TemplateReader:
                              f"{version_id} decides on {list(rule.verbalizers)}: build the scorer with those words")
         template.render(values)  # refuses missing, unknown or constraint-breaking values before any model call
         (variable,) = template.variables
-        (row,) = target.score(template, [str(values[variable])])
+        texts = [str(values[variable])]
+        if rule.kind == "answer":
+            (answer,) = target.answer(template, texts, rule.max_new_tokens, rule.contract.complete)
+            (row,) = target.score(template, texts)  # computed with the answer's first token: no extra pass
+            parsed = rule.parse(answer.text, truncated=answer.truncated)
+            return Prediction(parsed.value if parsed.ok else None, version_id, dict(zip(rule.labels, map(float, row))),
+                              answer.text, parsed.reason)
+        (row,) = target.score(template, texts)
         return Prediction(rule.decide(row), version_id, dict(zip(rule.labels, map(float, row))))
 
     def _route(self, task: str, label: str | None, key: str | None) -> int:

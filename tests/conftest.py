@@ -135,11 +135,11 @@ def write_small_risk_task(tmp_path):
 
     from pipelines.config import BUILTIN_TASKS_DIR
 
-    def write(*, test: int, robustness_examples: int) -> str:
+    def write(*, test: int, robustness_examples: int, decision: str = "calibrated") -> str:
         data = yaml.safe_load((BUILTIN_TASKS_DIR / "risk.yaml").read_text())
         data["split"] = {"seed": 13, "balanced": True, "train": 20, "dev": 20, "test": test}
         data["scoring"] = {**data.get("scoring", {}), "calibration_examples": 20,
-                           "robustness_examples": robustness_examples}
+                           "robustness_examples": robustness_examples, "decision": decision, "judge_examples": 2}
         path = tmp_path / "risk-small.yaml"
         path.write_text(yaml.safe_dump(data))
         return str(path)

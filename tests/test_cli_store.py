@@ -3,7 +3,6 @@ and PostgreSQL (the ``backend`` fixture in conftest.py)."""
 
 import argparse
 import json
-import os
 
 import pytest
 

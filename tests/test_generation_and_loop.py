@@ -98,7 +98,7 @@ def test_finalists_are_re_ranked_on_the_whole_dev_split():
     from pipelines.config import load_task
     from pipelines.loop import select_finalists
     from pipelines.scoring import Scored
-    from rewards.components import Measured, components_for
+    from rewards.components import Measured
     from rewards.weighting import weigh
 
     task = load_task("risk")
@@ -110,7 +110,7 @@ def test_finalists_are_re_ranked_on_the_whole_dev_split():
             self.asked = list(texts)
             measured = [Measured(template=t, valid=True, tokens=10, max_tokens=160, metrics={"roc_auc": whole_dev_auc[t]},
                                  reward_metric="roc_auc", chance=0.5) for t in texts]
-            return [Scored(m, weigh(m, task.reward.weights, components_for(task.judge.rubrics), -1.0), 7) for m in measured]
+            return [Scored(m, weigh(m, task.reward.weights, task.components(), -1.0), 7) for m in measured]
 
     pool = Pool()
     finalists, rows = select_finalists(task, pool, ["a", "b", "c", "d", "e"], 2)

@@ -65,7 +65,7 @@ def test_the_rule_travels_inside_the_template_record_and_a_bare_record_is_unchan
 
 
 # --- the serving path reproduces the stored figures ----------------------------------------------------
-def _stored_and_served(task_path, store_url, target, served_target) -> tuple[dict, list, list]:
+def _stored_and_served(task_path, store_url, target, served_target, decision="calibrated") -> tuple[dict, list, list]:
     """Evaluate the seed on test with ``target``, store it the way a tuning run does, then predict every test
     example through TemplateReader with ``served_target`` (a fresh scorer: no pair comes from a cache)."""
     from pipelines.config import load_task
@@ -80,12 +80,16 @@ def _stored_and_served(task_path, store_url, target, served_target) -> tuple[dic
     promote(task, store_url, [ev], "test-run")
     with TemplateStore(store_url) as store:
         version = store.get_label(task.name, "production")
-    assert version.template.decision == ev.decision and ev.decision.kind == "calibrated"
+    assert version.template.decision == ev.decision and ev.decision.kind == decision
     reader = TemplateReader(store_url)
     served = [reader.predict(task.name, {"text": e.text}, served_target) for e in splits.test]
     reader.close()
     gold = [e.label for e in splits.test]
     preds = [p.label for p in served]
+    if decision == "answer":  # the application sees each raw answer, and whether it kept the contract
+        assert all(isinstance(p.answer, str) and (p.label is None) == bool(p.reason) for p in served)
+        kept = sum(p.label is not None for p in served)
+        assert version.scores["test"]["instruction_following"] == kept / len(served)
     return version.scores["test"], gold, preds
 
 
@@ -96,9 +100,15 @@ def lm():
     return load_causal_lm()
 
 
-@pytest.fixture
-def small_task(write_small_risk_task) -> str:
-    return write_small_risk_task(test=24, robustness_examples=4)
+@pytest.fixture(params=["calibrated", "answer"])
+def small_task(request, write_small_risk_task) -> str:
+    return write_small_risk_task(test=24, robustness_examples=4, decision=request.param)
+
+
+def _decision(task_path) -> str:
+    from pipelines.config import load_task
+
+    return load_task(task_path).scoring.decision
 
 
 @pytest.mark.e2e
@@ -107,7 +117,7 @@ def test_predict_in_process_reproduces_the_stored_held_out_figures(lm, small_tas
 
     url = f"sqlite:///{tmp_path / 'store.sqlite'}"
     served_target = label_scorer(lm, ["yes", "no"], chat_template=True)
-    stored, gold, preds = _stored_and_served(small_task, url, lm, served_target)
+    stored, gold, preds = _stored_and_served(small_task, url, lm, served_target, _decision(small_task))
     labels = ["high_risk", "low_risk"]
     assert pbm.balanced_accuracy(preds, gold, labels) == stored["balanced_accuracy"]
     assert pbm.accuracy(preds, gold) == stored["accuracy"]
@@ -134,7 +144,7 @@ def test_predict_over_the_endpoint_reproduces_the_stored_held_out_figures(server
     url = f"sqlite:///{tmp_path / 'store.sqlite'}"
     endpoint = Endpoint(server.base_url, "smollm2")
     served_target = label_scorer(endpoint, ["yes", "no"], chat_template=True)
-    stored, gold, preds = _stored_and_served(small_task, url, endpoint, served_target)
+    stored, gold, preds = _stored_and_served(small_task, url, endpoint, served_target, _decision(small_task))
     assert pbm.balanced_accuracy(preds, gold, ["high_risk", "low_risk"]) == stored["balanced_accuracy"]
     # The command line gives an application's answer for the same inputs, through the same path.
     from pipelines.config import load_task

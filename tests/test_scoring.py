@@ -53,7 +53,9 @@ def test_task_metric_is_rescaled_from_chance():
 
 
 def test_weighting_rejects_a_mismatch_at_start_up():
-    components = components_for({"instruction_following": "q?"})
+    components = components_for({"coherence": "q?"})
+    with pytest.raises(ValueError, match="rate over the target's answers"):  # an old task file's rubric
+        components_for({"instruction_following": "q?"})
     with pytest.raises(ValueError, match="unknown component"):
         check_weights({"task_metric": 1.0, "instruction_folowing": 0.45}, components)
     with pytest.raises(ValueError, match="finite number"):
@@ -66,16 +68,21 @@ def test_weighting_rejects_a_mismatch_at_start_up():
 
 
 @pytest.mark.parametrize(
-    "judge, expected_total",
+    "rates, judge, expected_total",
     [
-        ({"instruction_following": 0.9, "entity_consistency": 0.8}, 1.0 * 0.5 + 0.45 * 0.9 + 0.35 * 0.8),
-        ({"instruction_following": None, "entity_consistency": 0.8}, 1.0 * 0.5 + 0.35 * 0.8),  # abstained
+        ({"instruction_following": (90, 100), "entity_consistency": (40, 50)}, {"coherence": 0.5},
+         1.0 * 0.5 + 0.45 * 0.9 + 0.35 * 0.8 + 0.1 * 0.5),
+        ({"instruction_following": (0, 0), "entity_consistency": (40, 50)}, {"coherence": None},
+         1.0 * 0.5 + 0.35 * 0.8 - 2.0 * 0.82),  # nothing to count: abstains, and falls short of its bar in full
+        ({"instruction_following": (41, 100), "entity_consistency": (35, 50)}, {},
+         1.0 * 0.5 + 0.45 * 0.41 + 0.35 * 0.7 - 2.0 * ((0.82 - 0.41) + (0.78 - 0.7))),  # both under their bars
     ],
 )
-def test_weighted_total(judge, expected_total):
-    components = components_for({"instruction_following": "q", "entity_consistency": "q"})
-    weights = {"task_metric": 1.0, "instruction_following": 0.45, "entity_consistency": 0.35}
-    m = Measured(template="x {text}", valid=True, metrics={"roc_auc": 0.75}, judge=judge)
+def test_weighted_total(rates, judge, expected_total):
+    components = components_for({"coherence": "q"}, {"instruction_following": 0.82, "entity_consistency": 0.78})
+    weights = {"task_metric": 1.0, "instruction_following": 0.45, "entity_consistency": 0.35, "coherence": 0.1,
+               "threshold_shortfall": 2.0}
+    m = Measured(template="x {text}", valid=True, metrics={"roc_auc": 0.75}, judge=judge, rates=rates)
     reward = weigh(m, weights, components, invalid_penalty=-1.0)
     assert reward.valid and reward.total == pytest.approx(expected_total)
     invalid = weigh(Measured(template="x", valid=False), weights, components, invalid_penalty=-1.0)
@@ -351,10 +358,16 @@ def test_candidate_scorer_measures_every_component(risk, lm):
         m = s.measured
         assert 0.0 <= m.metrics["roc_auc"] <= 1.0
         assert set(m.pdr) == {"checklist", "stresstest"}
-        assert set(m.judge) == set(task.judge.rubrics) and all(0 < v < 1 for v in m.judge.values())
+        assert set(m.judge) == set(task.judge.all_rubrics) and all(0 < v < 1 for v in m.judge.values())
+        kept, answered = m.rates["instruction_following"]
+        assert answered == 16 and 0 <= kept <= 16  # every dev answer parsed under the contract
+        kept, with_entities = m.rates["entity_consistency"]
+        assert 0 < with_entities <= 16 and 0 <= kept <= with_entities
+        assert len(m.samples) == 4 and all(isinstance(row["answer"], str) for row in m.samples)
         assert s.reward == scorer.reward(m) and s.reward.valid and np.isfinite(s.reward.total)
     assert scored[1].reward.total == task.reward.invalid_penalty and scored[1].target_calls == 0
-    # Counted by the scorer: 16 dev examples and one perturbed template per attack on the 8-example robustness
-    # sample (its clean pairs are among the dev pairs), unless a perturbation matched the clean template.
-    assert 16 <= scored[0].target_calls <= 16 + 2 * 8
+    # Counted by the scorer: 16 dev examples, their entity-swapped variants, and one perturbed template per
+    # attack on the 8-example robustness sample (its clean pairs are among the dev pairs), unless a
+    # perturbation matched the clean template.
+    assert 16 <= scored[0].target_calls <= 16 + 16 + 2 * 8
     assert scorer.measure([seed])[0].target_calls == 0  # a template seen again costs nothing

@@ -1,7 +1,6 @@
 """The versioned store on real SQLite files and a real PostgreSQL server (the ``backend`` fixture in
 conftest.py), with real processes for concurrency and crashes."""
 
-import json
 import os
 import re
 import signal

@@ -38,7 +38,7 @@ def write_task(tmp_path: Path, data_rows=None, *, extra: str = "", data_file="ca
               skeleton: "{{instruction}}\\nCase: {{text}}\\nIs this case risky? Answer yes or no."
               seed_instruction: "You screen cases for a bank."
             judge:
-              rubrics: {{instruction_following: "Does it ask for yes or no?"}}
+              rubrics: {{coherence: "Is the answer a clear yes or no?"}}
             reward:
               weights: {{task_metric: 1.0, instruction_following: 0.5}}
             """
