@@ -19,9 +19,11 @@ DESCRIBE = {
     "task_metric": "it barely separates the two labels",
     "robustness": "small changes to it change the answers",
     "length": "it is long",
-    "instruction_following": "it does not make the answer a single yes or no",
-    "entity_consistency": "it drifts from the task and its labels",
-    "coherence": "it is unclear",
+    "instruction_following": "the answers it gets do not start with one of the answer words",
+    "entity_consistency": "its answers change when the numbers, amounts or links in the input change",
+    "threshold_shortfall": "the answers it gets break the required answer format",
+    "coherence": "the answers it gets are unclear",
+    "readability": "it is unclear",
 }
 
 
@@ -32,7 +34,7 @@ def weaknesses(components: Mapping[str, float | None], weights: Mapping[str, flo
         value = components.get(name)
         if value is None or weight <= 0:
             continue
-        ceiling = 0.0 if name == "length" else 1.0
+        ceiling = 0.0 if name in ("length", "threshold_shortfall") else 1.0
         losses.append((weight * (ceiling - value), name))
     worst = [name for _, name in sorted(losses, reverse=True)[:n]]
     return "; ".join(DESCRIBE.get(name, name.replace("_", " ")) for name in worst) or "none measured yet"

@@ -220,3 +220,22 @@ def test_endpoint_scores_match_the_in_process_scorer_on_real_risk_examples():
     assert np.abs(log_odds(got) - log_odds(expected)).max() < 0.02
     auc_in, auc_ep = roc_auc(log_odds(expected), positive), roc_auc(log_odds(got), positive)
     assert abs(auc_in - auc_ep) <= 1 / (12 * 12) + 1e-9  # at most one discordant pair
+
+
+def test_greedy_answers_over_the_endpoint_say_when_they_were_cut_off(server):
+    s = scorer(server.base_url)
+    first = s.answer(TEMPLATE, [SCAM, PLAIN], 3)
+    assert [a.text for a in first] == ["Yes", "No"] and not any(a.truncated for a in first)  # stopped by itself
+    assert s.stats.answers_generated == 2
+    again = s.answer(TEMPLATE, [SCAM], 3)
+    assert again == first[:1] and s.stats.answers_generated == 2  # cached
+    (cut,) = s.answer(TEMPLATE, [SCAM], 1)
+    assert cut.text == "Yes" and cut.truncated  # the server stopped at the limit: finish_reason "length"
+    with pytest.raises(ValueError, match="at least 1"):
+        s.answer(TEMPLATE, [SCAM], 0)
+
+
+def test_a_malformed_answer_is_an_empty_one_not_a_crash(server):
+    server.faults.no_choices = True
+    with pytest.raises(EndpointError, match="without choices"):  # no answer at all is a failed request
+        scorer(server.base_url, max_retries=0).answer(TEMPLATE, [PLAIN], 2)

@@ -24,8 +24,13 @@ def test_meta_prompt_names_the_task_the_instruction_and_its_weakest_components(t
 def test_weaknesses_rank_by_weighted_loss():
     weights = {"task_metric": 1.0, "instruction_following": 0.45, "length": 0.05}
     assert weaknesses({"task_metric": 0.95, "instruction_following": 0.1, "length": -1.0}, weights, n=1) == \
-        "it does not make the answer a single yes or no"
+        "the answers it gets do not start with one of the answer words"
     assert weaknesses({}, weights) == "none measured yet"
+    # threshold_shortfall is at its best at 0, like length: a template below the gate's bars hears about it
+    weights = {"task_metric": 3.0, "threshold_shortfall": 5.0}
+    assert weaknesses({"task_metric": 0.7, "threshold_shortfall": -0.4}, weights, n=1) == \
+        "the answers it gets break the required answer format"
+    assert weaknesses({"task_metric": 0.7, "threshold_shortfall": 0.0}, weights, n=1) == "it barely separates the two labels"
 
 
 @pytest.mark.parametrize(

@@ -39,6 +39,24 @@ def test_an_argmax_rule_takes_the_most_probable_label_of_any_number():
     assert rule.decide([-2.0, -0.5, -1.0]) == "b"
 
 
+def test_an_answer_rule_parses_the_answer_and_travels_with_its_contract():
+    from templates.contract import OutputContract
+
+    contract = OutputContract("labels", ("high_risk", "low_risk"), ("yes", "no"))
+    rule = DecisionRule("answer", ("high_risk", "low_risk"), ("yes", "no"), contract=contract, max_new_tokens=4)
+    assert rule.parse("Yes, it is.").value == "high_risk"
+    assert not rule.parse("It is a scam").ok and not rule.parse("Ye", truncated=True).ok
+    assert DecisionRule.from_dict(json.loads(json.dumps(rule.to_dict()))) == rule
+    shipped = Template("Is it a scam? {text}", ("text",), decision=rule)
+    assert Template.from_dict(json.loads(json.dumps(shipped.to_dict()))).decision == rule
+    with pytest.raises(DecisionError, match="use parse"):
+        rule.decide([0.0, 0.0])
+    with pytest.raises(DecisionError, match="reads label log-probs"):
+        RISK.parse("yes")
+    with pytest.raises(DecisionError, match="contract"):
+        DecisionRule.from_dict({**rule.to_dict(), "contract": {"kind": "labels", "labels": ["a"], "words": ["x"]}})
+
+
 @pytest.mark.parametrize("make, message", [
     (lambda: DecisionRule("vote", ("a", "b"), ("x", "y")), "not one of"),
     (lambda: DecisionRule("argmax", ("a",), ("x",)), "two or more distinct labels"),
@@ -46,6 +64,8 @@ def test_an_argmax_rule_takes_the_most_probable_label_of_any_number():
     (lambda: DecisionRule("calibrated", ("a", "b"), ("x", "y"), "c", 0.0), "names the positive one"),
     (lambda: DecisionRule("calibrated", ("a", "b"), ("x", "y"), "a", math.nan), "finite threshold"),
     (lambda: DecisionRule("argmax", ("a", "b"), ("x", "y"), threshold=1.0), "no threshold"),
+    (lambda: DecisionRule("answer", ("a", "b"), ("x", "y"), max_new_tokens=4), "needs its output contract"),
+    (lambda: DecisionRule("calibrated", ("a", "b"), ("x", "y"), "a", 0.0, max_new_tokens=4), "no contract"),
     (lambda: RISK.decide([0.0]), "2 finite label log-probs"),
     (lambda: RISK.decide([math.nan, 0.0]), "finite"),
 ])

@@ -1,0 +1,219 @@
+"""Candidates are measured on the target's responses: greedy answers under the output contract, the decision
+under entity swaps, the judge on (input, answer) pairs. Scripted targets test the logic around the model
+(bad output of every kind is data, never a crash); the real embedded model checks the answers themselves and
+that a template which breaks the answer format loses and is refused, whatever its log-odds do."""
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from pipelines.config import load_task
+from pipelines.data import Example, Splits
+from pipelines.engine.answers import Answer
+from rewards.judge import response_item
+
+# ---- a scripted target: answers and log-probs chosen per input ---------------------------------------------
+NESTED = '{"a": ' * 5000 + "1" + "}" * 5000
+BAD_ANSWERS = {  # input text -> (answer text, cut off at the token limit)
+    "nested json": (NESTED, False),
+    "huge answer": ("yes " * 50_000, False),
+    "invalid utf-8": ("\udcff\udcfe", False),  # what a server's lone surrogate escapes decode to
+    "cut off": ("Ye", True),
+    "empty": ("", False),
+    "control characters": ("\x00\x1b[31m", False),
+}
+
+
+class ScriptedTarget:
+    """Label scorer stand-in: ``score`` gives high log-odds to inputs that mention a prize; ``answer`` says yes
+    or no the same way, except for the inputs in BAD_ANSWERS."""
+
+    verbalizers = ["yes", "no"]
+
+    def __init__(self):
+        self.stats = SimpleNamespace(pairs_scored=0)
+        self.answered: list[str] = []
+
+    def score(self, template, texts):
+        self.stats.pairs_scored += len(texts)
+        p = np.array([0.9 if "prize" in t else 0.2 for t in texts])
+        return np.log(np.stack([p, 1 - p], axis=1))
+
+    def answer(self, template, texts, max_new_tokens, complete=None):
+        self.answered += list(texts)
+        out = []
+        for t in texts:
+            text, cut = BAD_ANSWERS.get(t, ("Yes, a scam." if "prize" in t else "No.", False))
+            out.append(Answer(text, cut, 3))
+        return out
+
+
+class Tokenizer:
+    def __call__(self, text, add_special_tokens=False):
+        return SimpleNamespace(input_ids=text.split())
+
+
+def scripted_scorer(task, examples):
+    from pipelines.scoring import CandidateScorer
+
+    splits = Splits(tuple(examples), tuple(examples), tuple(examples))
+    target = ScriptedTarget()
+    return CandidateScorer(task, splits, target, target, Tokenizer()), target
+
+
+def risk_task(decision: str):
+    return load_task("risk").with_overrides(**{"scoring.decision": decision, "scoring.reward_metric": None,
+                                               "scoring.judge_examples": 3,
+                                               "scoring.calibration_examples": 8, "scoring.robustness_examples": 4})
+
+
+EXAMPLES = [Example("You won a prize, call 09061701461 now", "high_risk"),
+            Example("Claim your prize of £1000 at www.getzed.co.uk", "high_risk"),
+            Example("See you at 7 for dinner", "low_risk"),
+            Example("ok thanks", "low_risk")] + [Example(text, "low_risk") for text in BAD_ANSWERS]
+
+
+@pytest.mark.parametrize("decision", ["calibrated", "answer"])
+def test_bad_model_output_is_a_contract_failure_and_nothing_raises(decision):
+    task = risk_task(decision)
+    scorer, target = scripted_scorer(task, EXAMPLES)
+    (scored,) = scorer.measure([task.seed_template().text])
+    m = scored.measured
+    assert m.valid and m.rates["instruction_following"] == (4, 10)  # the six bad answers break the contract
+    ev = scorer.evaluate(task.seed_template().text, "test", latency=False)
+    assert ev.measured.rates["instruction_following"] == (4, 10)
+    broken = {row["input"]: row for row in scorer.samples(EXAMPLES, scorer.responses(scorer.task.seed_template(), EXAMPLES),
+                                                               [None] * len(EXAMPLES), n=len(EXAMPLES))}
+    assert broken["cut off"]["parsed"] == "cut off at the token limit" and not broken["cut off"]["contract_kept"]
+    assert broken["empty"]["parsed"] == "empty answer"
+    assert broken["invalid utf-8"]["parsed"] == "invalid UTF-8"
+    assert all(not broken[t]["contract_kept"] for t in BAD_ANSWERS)
+    if decision == "answer":  # a broken answer is what the application gets: no label, counted wrong
+        assert ev.decision.kind == "answer"
+        assert ev.measured.metrics["accuracy"] == pytest.approx(4 / 10)
+        assert m.metrics["balanced_accuracy"] == pytest.approx(0.5 * (2 / 2 + 2 / 8))
+    else:  # the calibrated decision reads the log-probs: every input gets a label
+        assert ev.measured.metrics["accuracy"] == pytest.approx(1.0)
+
+
+def test_entity_consistency_counts_inputs_with_entities_and_a_broken_answer_keeps_nothing():
+    task = risk_task("answer")
+    scorer, target = scripted_scorer(task, EXAMPLES)
+    rule = scorer.fit_decision(task.seed_template())
+    out = scorer.responses(task.seed_template(), EXAMPLES)
+    decided = scorer.decide(rule, out)
+    kept, with_entities = scorer.entity_consistency(task.seed_template(), EXAMPLES, rule, decided)
+    # phone, amount + URL, the number 7 and the 8 of "utf-8": four inputs with entities, the swapped ones answered
+    # too; "invalid utf-8" broke the contract, so its decision is not kept even though its variant's parses
+    assert with_entities == 4 and kept == 3
+    assert any("09061701461" not in t and "prize, call 0" in t for t in target.answered)
+    broken = [None] * len(decided)
+    assert scorer.entity_consistency(task.seed_template(), EXAMPLES, rule, broken) == (0, 4)
+
+
+def test_the_judge_grades_input_answer_pairs_not_the_template():
+    task = risk_task("calibrated")
+    scorer, _ = scripted_scorer(task, EXAMPLES)
+    asked = []
+    scorer.judge.ask = lambda frame, items: (asked.extend(items), np.log(np.tile([0.7, 0.3], (len(items), 1))))[1]
+    out = scorer.responses(task.seed_template(), EXAMPLES)
+    assert scorer.judge_responses(EXAMPLES, out) == {"coherence": pytest.approx(0.7)}
+    assert asked == [response_item(task.description, e.text, a.text) for e, a in zip(EXAMPLES[:3], out.answers[:3])]
+    assert "Input:\n<<<\nYou won a prize" in asked[0] and "Answer:\n<<<\nYes, a scam.\n>>>" in asked[0]
+
+
+def test_a_template_that_breaks_the_format_loses_on_reward_and_is_refused_by_the_gate():
+    """Scripted: the second template raises the log-odds ROC-AUC but its answers break the contract."""
+    from pipelines.promotion import gate
+
+    task = risk_task("calibrated")
+    scorer, target = scripted_scorer(task, EXAMPLES[:4])
+    seed, broken = task.seed_template().text, task.compose("Explain your reasoning first.")
+    plain_answer = target.answer
+
+    def answer(template, texts, max_new_tokens, complete=None):
+        if "reasoning" in template.text:
+            return [Answer("The message looks like", True, 4) for _ in texts]
+        return plain_answer(template, texts, max_new_tokens, complete)
+
+    target.answer = answer
+    a, b = scorer.measure([seed, broken])
+    assert b.measured.rate("instruction_following") == 0 and a.measured.rate("instruction_following") == 1
+    assert b.reward.total < a.reward.total and b.reward.components["threshold_shortfall"] == pytest.approx(-0.82)
+    decision = gate(task, scorer.evaluate(broken, "test", latency=False), None)
+    assert not decision.promote and "fail: instruction_following 0 < 0.82" in decision.reasons
+
+
+# ---- the real embedded model ------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def lm():
+    from pipelines.engine.models import load_causal_lm
+
+    return load_causal_lm()
+
+
+@pytest.mark.e2e
+def test_greedy_answers_equal_model_generate_and_fill_the_label_cache(lm):
+    import torch
+
+    from pipelines.data import load_splits
+    from pipelines.engine.target import LabelScorer, prompt_frame
+    from pipelines.scoring import task_contract
+
+    task = load_task("risk")
+    texts = [e.text for e in load_splits(task).dev[:8]]
+    template = task.seed_template()
+    scorer = LabelScorer(lm, task.verbalizers, batch_size=4)
+    answers = scorer.answer(template, texts, 5)
+    before, after = prompt_frame(lm.tokenizer, template, True)
+    for text, answer in zip(texts, answers):
+        ids = lm.tokenizer(before + text + after, return_tensors="pt", add_special_tokens=False).input_ids
+        with torch.inference_mode():
+            out = lm.model.generate(ids, max_new_tokens=5, do_sample=False)
+        assert answer.text == lm.tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+        assert answer.truncated == (out.shape[1] - ids.shape[1] == 5 and out[0, -1] != lm.tokenizer.eos_token_id)
+    scored = scorer.stats.pairs_scored
+    fresh = LabelScorer(lm, task.verbalizers, batch_size=4).score(template, texts)
+    assert np.abs(scorer.score(template, texts) - fresh).max() < 1e-4  # the first answer pass scored the labels
+    assert scorer.stats.pairs_scored == scored  # ... and score() took them from the cache
+    # Early stop: once the first word is complete the parse cannot change.
+    contract = task_contract(task)
+    short = LabelScorer(lm, task.verbalizers).answer(template, texts, 5, contract.complete)
+    for full, cut in zip(answers, short):
+        assert full.text.startswith(cut.text) and cut.tokens <= full.tokens
+        assert contract.parse(cut.text, truncated=cut.truncated) == contract.parse(full.text, truncated=full.truncated)
+
+
+TUNED = ("The above task can be clarified further by providing more context. For example, it only challenges "
+         "`True` statements and returns `False` otherwise.")
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("decision", ["answer", "calibrated"])
+def test_the_quoted_tuned_instruction_loses_and_is_refused(lm, decision):
+    """The instruction an earlier run tuned for log-odds ROC-AUC: the embedded model stops answering yes/no."""
+    from pipelines.data import load_splits
+    from pipelines.promotion import gate
+    from pipelines.scoring import build_scorer
+
+    task = load_task("risk").with_overrides(**{
+        "scoring.decision": decision, "scoring.reward_metric": None, "scoring.calibration_examples": 24, "scoring.robustness_examples": 8,
+        "scoring.judge_examples": 2})
+    full = load_splits(task)
+    splits = Splits(full.train[:24], full.dev[:24], full.test[:32])
+    scorer = build_scorer(task, splits, lm)
+    seed, tuned = scorer.measure([task.seed_template().text, task.compose(TUNED)])
+    assert tuned.reward.total < seed.reward.total  # the comparison the tuner makes
+    evaluations = [scorer.evaluate(t, "test", latency=False) for t in (task.seed_template().text, task.compose(TUNED))]
+    seed_rate = evaluations[0].measured.rate("instruction_following")
+    tuned_rate = evaluations[1].measured.rate("instruction_following")
+    assert seed_rate >= 0.82 > 0.5 > tuned_rate
+    decision_ = gate(task, evaluations[1], evaluations[0])
+    assert not decision_.promote
+    assert any(r.startswith("fail: instruction_following") for r in decision_.reasons)
+    if decision == "answer":  # the production figure itself: broken answers are wrong answers
+        assert evaluations[1].measured.metrics["balanced_accuracy"] < evaluations[0].measured.metrics["balanced_accuracy"]
+        assert any(r.startswith("fail: balanced_accuracy") for r in decision_.reasons)
+    assert not math.isnan(evaluations[1].measured.metrics["roc_auc"])
