@@ -178,6 +178,7 @@ def _show(store: TemplateStore, args: argparse.Namespace) -> None:
         ("run", v.run_id or "-"),
         ("created", v.created_at),
         ("variables", ", ".join(v.template.variables)),
+        ("decision", _decision_text(v.template.decision)),
         ("dev scores", _figures(v.scores.get("dev", {})) or "-"),
         ("test scores", _figures(v.scores.get("test", {})) or "-"),
         ("latency", _figures(v.latency) or "-"),
@@ -187,6 +188,17 @@ def _show(store: TemplateStore, args: argparse.Namespace) -> None:
     lines += [f"  {reason}" for reason in (v.decision.reasons if v.decision else ())]
     lines += ["template:", *[f"  {line}" for line in v.template.text.splitlines()]]
     _print(args, {**v.to_dict(), "labels": labels}, "\n".join(lines))
+
+
+def _decision_text(rule) -> str:
+    """What production applies for this version, in one line."""
+    if rule is None:
+        return "- (stored without one: predict refuses it)"
+    if rule.kind == "calibrated":
+        return f"calibrated: {rule.positive} when its label log-odds > {rule.threshold:.4g} (fitted on train)"
+    if rule.kind == "answer":
+        return f"answer: greedy, at most {rule.max_new_tokens} new tokens; {rule.contract.describe()}"
+    return "argmax: the most probable answer word"
 
 
 def _diff(store: TemplateStore, args: argparse.Namespace) -> None:

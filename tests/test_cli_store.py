@@ -80,11 +80,29 @@ def test_show_by_id_and_by_label(store_url, capsys):
     out = capsys.readouterr().out
     assert "version      1 (" in out and "labels       production" in out
     assert "test scores  balanced_accuracy=0.7" in out
+    assert "decision     - (stored without one: predict refuses it)" in out
     assert "pass: instruction_following 0.9 >= 0.82" in out
     assert out.rstrip().endswith("template:\n  Classify {text}")
     assert cli("store", "show", "3", "--json", "--store", store_url) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["decision"] == {"promote": False, "reasons": ["fail: error_rate 0.5 > 0.02"]}
+
+
+def test_show_names_the_production_decision_a_version_ships_with(tmp_path, capsys):
+    from templates.contract import OutputContract
+    from templates.decision import DecisionRule
+
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    calibrated = DecisionRule("calibrated", ("high_risk", "low_risk"), ("yes", "no"), "high_risk", -1.5)
+    contract = OutputContract("labels", ("high_risk", "low_risk"), ("yes", "no"))
+    answer = DecisionRule("answer", ("high_risk", "low_risk"), ("yes", "no"), contract=contract, max_new_tokens=4)
+    with TemplateStore(url) as store:
+        for rule in (calibrated, answer):
+            store.add_version("risk", Template("Scam? {text}", ("text",), decision=rule), decision=PASSED)
+    assert cli("store", "show", "1", "--store", url) == 0
+    assert "decision     calibrated: high_risk when its label log-odds > -1.5 (fitted on train)" in capsys.readouterr().out
+    assert cli("store", "show", "2", "--store", url) == 0
+    assert "decision     answer: greedy, at most 4 new tokens; first word is one of yes/no" in capsys.readouterr().out
 
 
 def test_diff(store_url, capsys):

@@ -43,6 +43,9 @@ def test_tune_runs_end_to_end_and_fills_wandb_and_the_store(tmp_path, capsys, ra
     out = capsys.readouterr().out
     assert code == 0, out
     assert "held-out test split" in out and "seed" in out and "candidate 1" in out
+    # what production gets, for the seed and each finalist: the figure, the rates with counts, every gate reason
+    assert "under the calibrated decision" in out and "instruction_following_n" in out
+    assert "the gate on each" in out and ("pass: instruction_following" in out or "fail: instruction_following" in out)
 
     report = json.loads((run_dir / "report.json").read_text())
     assert report["steps"] == 2 and len(report["history"]) == 2
@@ -56,6 +59,11 @@ def test_tune_runs_end_to_end_and_fills_wandb_and_the_store(tmp_path, capsys, ra
     assert [r["total_reward"] for r in shortlist] == sorted((r["total_reward"] for r in shortlist), reverse=True)
     assert [r["template"] for r in report["test"][1:]] == [r["template"] for r in shortlist[: len(report["test"]) - 1]]
     assert 0.0 <= report["test"][0]["balanced_accuracy"] <= 1.0
+    for row in report["test"]:
+        kept, total = map(int, row["instruction_following_n"].split("/"))
+        assert total == 40 and row["instruction_following"] == pytest.approx(kept / total)  # every test answer
+        assert any(reason.startswith(("pass: instruction_following", "fail: instruction_following"))
+                   for reason in row["gate_reasons"])
 
     # the per-step candidate tables, read back from the offline W&B files
     tables = wandb_tables(run_dir, "candidates")
@@ -66,6 +74,13 @@ def test_tune_runs_end_to_end_and_fills_wandb_and_the_store(tmp_path, capsys, ra
         texts = [row[table["columns"].index("template")] for row in table["data"]]
         assert all("{text}" in t or "Message:" in t for t in texts)
     assert len(wandb_tables(run_dir, "leaderboard")) == 1
+    # a few sampled answers per candidate: what the model said and what the contract made of it
+    answers = wandb_tables(run_dir, "answers")
+    assert len(answers) == 2
+    for table in answers:
+        assert table["columns"] == ["step", "instruction", "input", "answer", "parsed", "contract_kept", "decision", "label"]
+        valid = sum(r[tables[0]["columns"].index("valid")] for r in tables[0]["data"])
+        assert len(table["data"]) >= 4 * min(1, valid) and all(isinstance(r[3], str) for r in table["data"])
 
     # the store: the seed became production, the best candidate was recorded with the gate's reasons
     from templates.store import TemplateStore
