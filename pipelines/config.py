@@ -7,8 +7,10 @@ Unknown keys are rejected and every validation error names the field and the fix
 from __future__ import annotations
 
 import importlib.util
+import re
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Hashable
 from typing import Any, Literal, get_args
 
 import yaml
@@ -27,8 +29,18 @@ class ConfigError(ValueError):
     """A task file or option is not acceptable; the message names the file, the field and the fix."""
 
 
+MAX_TASK_FILE_BYTES = 2**20  # a task or template file is settings, never this big
+
+
+def excerpt(value: object, limit: int = 80) -> str:
+    """``value`` escaped (repr) and cut to ``limit`` characters: what an error may show of a file it read."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # NaN or inf in any setting would poison the reward, the gate or every weight of the policy
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class LabelSpec(_Strict):
@@ -39,7 +51,7 @@ class LabelSpec(_Strict):
 class DataConfig(_Strict):
     source: str = Field(description="a CSV/TSV/JSONL path (relative to the task file) or package:<pkg>/<path>")
     format: Literal["csv", "jsonl"] = "csv"
-    delimiter: str = ","
+    delimiter: str = Field(",", description="one character between the fields of a CSV/TSV row")
     header: bool = True
     columns: tuple[str, ...] | None = Field(None, description="column names when the file has no header row")
     text_column: str = "text"
@@ -47,6 +59,14 @@ class DataConfig(_Strict):
     drop_values: tuple[str, ...] = Field((), description="label-column values whose rows are dropped")
     dedupe: bool = True
     max_chars: int = Field(2000, gt=0, description="longer texts are cut to this many characters")
+
+    @field_validator("delimiter")
+    @classmethod
+    def _one_character(cls, delimiter: str) -> str:
+        if len(delimiter) != 1 or delimiter in "\r\n\"":
+            raise ValueError(f"got {excerpt(delimiter)}: give one character other than a quote or a line break, "
+                             "e.g. ',' or '\\t'")
+        return delimiter
 
 
 class SplitConfig(_Strict):
@@ -165,10 +185,12 @@ class PromotionSettings(_Strict):
 
     thresholds: dict[str, float] = Field(default_factory=dict,
                                          description="reward component -> minimum on the held-out split")
-    min_improvement: float = Field(0.01, description="held-out metric gain over production needed to promote")
-    max_latency_p95_increase: float = Field(0.2, description="allowed p95 latency increase over production, a fraction")
-    max_render_us: float = Field(80.0, description="p99 render time budget, microseconds")
-    max_error_rate: float = Field(0.02, description="allowed fraction of failed target requests")
+    min_improvement: float = Field(0.01, ge=0, le=1,
+                                   description="held-out metric gain over production needed to promote")
+    max_latency_p95_increase: float = Field(0.2, ge=0,
+                                            description="allowed p95 latency increase over production, a fraction")
+    max_render_us: float = Field(80.0, gt=0, description="p99 render time budget, microseconds")
+    max_error_rate: float = Field(0.02, ge=0, le=1, description="allowed fraction of failed target requests")
 
 
 class GenerationConfig(_Strict):
@@ -194,33 +216,33 @@ class PPOConfig(_Strict):
     passes to the learner (the loop: ``generation.candidates_per_step``).
     """
 
-    model_config = ConfigDict(allow_inf_nan=False)  # merged with _Strict's; a NaN or inf here would poison every weight
-
     advantage_estimator: Literal[
         "gae", "reinforce", "rloo", "reinforce_baseline", "group_norm", "dr_grpo", "flash_reinforce"
     ] = Field("gae", description="openrlhf's advantage estimator; only gae trains a critic (the value head)")
-    gamma: float = Field(1.0, description="discount; must be 1.0 for every estimator but gae and reinforce")
-    lambd: float = Field(0.95, description="GAE lambda")
-    clip_eps: float = Field(0.2, description="PPO ratio clip range")
-    value_clip_eps: float | None = Field(0.2, description="value clip range, or None for an unclipped value loss")
+    gamma: float = Field(1.0, ge=0, le=1, description="discount; must be 1.0 for every estimator but gae and reinforce")
+    lambd: float = Field(0.95, ge=0, le=1, description="GAE lambda")
+    # a clip range is [1 - eps, 1 + eps]: eps <= 0 would turn it around
+    clip_eps: float = Field(0.2, gt=0, lt=1, description="PPO ratio clip range")
+    value_clip_eps: float | None = Field(0.2, gt=0, description="value clip range, or None for an unclipped value loss")
     kl_coef: float = Field(0.02, ge=0, description="initial coefficient of the KL penalty in the reward")
-    kl_target: float | None = Field(None, description="None: a fixed KL coefficient; else the adaptive target KL")
-    kl_horizon: int = Field(10000, description="horizon of the adaptive KL controller, in samples")
+    kl_target: float | None = Field(None, gt=0, description="None: a fixed KL coefficient; else the adaptive target KL")
+    kl_horizon: int = Field(10000, ge=1, description="horizon of the adaptive KL controller, in samples")
     kl_estimator: Literal["k1", "k2", "k3"] = "k1"
     ppo_epochs: int = Field(2, ge=1, description="passes over each rollout batch")
     minibatch_size: int = Field(4, ge=1, description="samples per optimizer step")
     lr: float = Field(2e-4, gt=0, description="AdamW learning rate of the LoRA adapter")
     critic_lr: float = Field(1e-3, gt=0, description="AdamW learning rate of the value head")
-    max_grad_norm: float = Field(1.0, description="gradient clipping, per optimizer step")
+    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping, per optimizer step")
     lora_rank: int = Field(8, ge=1)
-    lora_alpha: int = 16
+    lora_alpha: int = Field(16, ge=1)
     lora_target_modules: tuple[str, ...] = Field(
         ("q_proj", "k_proj", "v_proj", "o_proj"), description="module names that get a LoRA adapter"
     )
     reward_clip_range: tuple[float, float] = Field(
         (-10.0, 10.0), description="(low, high) applied to the rewards before the KL penalty"
     )
-    seed: int = Field(0, description="the run's seed: sampling, minibatch order, the cluster job's --train.seed")
+    seed: int = Field(0, ge=0, le=2**32 - 1,
+                      description="the run's seed: sampling, minibatch order, the cluster job's --train.seed")
 
     @model_validator(mode="after")
     def _consistent(self) -> "PPOConfig":
@@ -343,9 +365,9 @@ class TaskConfig(_Strict):
             node = data
             *parents, leaf = dotted.split(".")
             for key in parents:
-                node = node[key]
-            if leaf not in node:
-                raise ConfigError(f"unknown setting {dotted!r}")
+                node = node.get(key) if isinstance(node, dict) else None
+            if not isinstance(node, dict) or leaf not in node:
+                raise ConfigError(f"unknown setting {excerpt(dotted)}; name one as section.key, e.g. split.test")
             node[leaf] = value
         return _validate(data, self.base_dir, f"task {self.name!r} with overrides")
 
@@ -366,13 +388,16 @@ def _validate(data: dict, base_dir: Path, origin: str) -> TaskConfig:
         problems = []
         for err in exc.errors():
             where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-            msg = err["msg"]
+            if not re.fullmatch(r"[\w.-]{1,80}", where):  # a key from the file: show it escaped and short
+                where = excerpt(where)
+            msg = " ".join(err["msg"].split())  # one line
             if err["type"] == "extra_forbidden":
                 msg = "unknown key; remove it or check its spelling"
             elif err["type"] == "missing":
                 msg = "required; add it"
-            problems.append(f"  {where}: {msg}")
-        raise ConfigError(f"{origin} is invalid:\n" + "\n".join(problems)) from None
+            problems.append(f"{where}: {msg[:300]}")
+        more = f"; and {len(problems) - 3} more" if len(problems) > 3 else ""
+        raise ConfigError(f"{origin} is invalid: " + "; ".join(problems[:3]) + more) from None
 
 
 def builtin_tasks() -> list[str]:
@@ -385,39 +410,99 @@ def load_task(name_or_path: str | Path) -> TaskConfig:
     if path.suffix not in (".yaml", ".yml"):
         if str(name_or_path) not in builtin_tasks():
             raise ConfigError(
-                f"unknown task {str(name_or_path)!r}: built-in tasks are {', '.join(builtin_tasks())}; "
+                f"unknown task {excerpt(str(name_or_path))}: built-in tasks are {', '.join(builtin_tasks())}; "
                 "or pass the path of a task YAML file"
             )
         path = BUILTIN_TASKS_DIR / f"{name_or_path}.yaml"
     data = load_yaml_mapping(path, "task file")
     base_dir = path.resolve().parent
     if isinstance(data.get("template"), str):  # the template section may live in its own file
-        data["template"] = load_yaml_mapping(resolve_source(data["template"], base_dir), "template file")
-    return _validate(data, base_dir, f"task file {path}")
+        template_path = resolve_source(data["template"], base_dir)
+        data["template"] = load_yaml_mapping(template_path, "template file")
+        unknown = [key for key in data["template"] if key not in TemplateConfig.model_fields]
+        if unknown:
+            names = ", ".join(excerpt(key, 40) for key in unknown[:3]) + (", ..." if len(unknown) > 3 else "")
+            raise ConfigError(f"template file {excerpt(template_path.name)} has {len(unknown)} unknown key(s) "
+                              f"({names}); it may hold only {', '.join(TemplateConfig.model_fields)}")
+    return _validate(data, base_dir, f"task file {excerpt(str(path))}")
+
+
+class _TaskFileLoader(yaml.SafeLoader):
+    """SafeLoader that refuses aliases and duplicate keys. An alias expands without bound (a 2 KB 'billion
+    laughs' file becomes gigabytes) and no task needs one; a duplicate key would silently keep the last value."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            raise yaml.MarkedYAMLError(problem="aliases (*name) are not allowed in task files; write the value out",
+                                       problem_mark=self.peek_event().start_mark)
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, Hashable) and key in seen:
+                raise yaml.MarkedYAMLError(problem=f"duplicate key {excerpt(key, 40)}; keep one of them",
+                                           problem_mark=key_node.start_mark)
+            seen.add(key)  # an unhashable key is the constructor's error to report
+        return super().construct_mapping(node, deep)
+
+
+def check_file(path: Path, what: str, max_bytes: int) -> None:
+    """Refuse, before reading, a path that is not a regular, non-empty file of at most ``max_bytes``:
+    a folder, a FIFO or a device would block or never end, and /proc files say they are empty."""
+    name = excerpt(str(path))
+    try:
+        size = path.stat().st_size
+    except (FileNotFoundError, NotADirectoryError):
+        raise ConfigError(f"{what} {name} does not exist; check the path") from None
+    except (OSError, ValueError) as exc:  # no permission, a link loop, an over-long name, a NUL byte
+        raise ConfigError(f"{what} {name} cannot be read ({type(exc).__name__}); check the path") from None
+    if not path.is_file():
+        raise ConfigError(f"{what} {name} is not a regular file (a folder, pipe or device); give a file's path")
+    if size == 0:
+        raise ConfigError(f"{what} {name} is empty (or a /proc file); give a file with content")
+    if size > max_bytes:
+        raise ConfigError(f"{what} {name} is {size / 2**20:.0f} MB, over the limit of {max_bytes / 2**20:.0f} MB; "
+                          "give a smaller file")
 
 
 def load_yaml_mapping(path: Path, what: str) -> dict:
-    if not path.is_file():
-        raise ConfigError(f"{what} {str(path)!r} does not exist")
+    check_file(path, what, MAX_TASK_FILE_BYTES)
+    name = excerpt(str(path))
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{what} {path} is not valid YAML: {exc}") from None
+        data = yaml.load(path.read_bytes().decode("utf-8"), Loader=_TaskFileLoader)
     except UnicodeDecodeError:
-        raise ConfigError(f"{what} {path} is not UTF-8 text") from None
+        raise ConfigError(f"{what} {name} is not UTF-8 text; save it as UTF-8") from None
+    except yaml.MarkedYAMLError as exc:
+        where = f"line {exc.problem_mark.line + 1}: " if exc.problem_mark else ""
+        problem = " ".join(str(exc.problem).split())[:200]
+        raise ConfigError(f"{what} {name} is not valid YAML: {where}{problem}; fix the YAML") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{what} {name} is not valid YAML ({type(exc).__name__}); fix the YAML") from None
+    except RecursionError:
+        raise ConfigError(f"{what} {name} is nested too deep to be settings; flatten it") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"{what} {path} must hold a mapping of settings")
+        raise ConfigError(f"{what} {name} must hold a mapping of settings (key: value lines)")
     return data
 
 
 def resolve_source(source: str, base_dir: Path) -> Path:
-    """``package:<pkg>/<path>`` resolves inside an installed package without importing it."""
+    """A path relative to ``base_dir`` (the task file's folder), an absolute path, or ``package:<pkg>/<path>``:
+    a file inside an installed package, found without importing it, that must stay inside the package."""
     if source.startswith("package:"):
         package, _, inner = source[len("package:") :].partition("/")
-        spec = importlib.util.find_spec(package)
+        # only a top-level name: find_spec("a.b") would import a
+        spec = importlib.util.find_spec(package) if package.isidentifier() else None
         if spec is None or not spec.submodule_search_locations:
-            raise ConfigError(f"data source {source!r}: package {package!r} is not installed; run scripts/setup.sh")
-        return Path(spec.submodule_search_locations[0]) / inner
+            raise ConfigError(f"source {excerpt(source)}: {excerpt(package)} is not an installed package; "
+                              "give package:<package>/<path> of an installed one (scripts/setup.sh installs them)")
+        root = Path(spec.submodule_search_locations[0]).resolve()
+        path = (root / inner).resolve()
+        if not path.is_relative_to(root):
+            raise ConfigError(f"source {excerpt(source)} leads outside package {package!r}; "
+                              "give a path inside the package, without '..'")
+        return path
     path = Path(source)
     return path if path.is_absolute() else base_dir / path
 

