@@ -4,6 +4,9 @@ Splits are stratified by label and depend only on the data and ``split.seed``. W
 ``split.balanced`` each split takes the same number of examples from every label, which
 keeps metrics on a rare positive class (risky messages are about 13% of the SMS data) from
 resting on a handful of examples. The test split is held out: tuning never reads it.
+
+Data files are read strictly: UTF-8 only (bad bytes are refused, not replaced), at most MAX_DATA_BYTES
+(also after decompression) and MAX_LINE_BYTES a line; every problem is a DataError naming the file and line.
 """
 
 from __future__ import annotations
@@ -11,14 +14,15 @@ from __future__ import annotations
 import bz2
 import csv
 import gzip
-import io
 import json
 import random
+import zlib
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipelines.config import TaskConfig, resolve_source
+from pipelines.config import TaskConfig, check_file, excerpt, resolve_source
 
 
 @dataclass(frozen=True)
@@ -43,47 +47,88 @@ class DataError(ValueError):
     """The task's data cannot be used; the message names the file and the fix."""
 
 
-def _open_text(path: Path) -> io.TextIOBase:
+MAX_DATA_BYTES = 512 * 2**20  # bigger is a mistake or a decompression bomb, not a task's examples
+MAX_LINE_BYTES = 2**20  # a line (a JSONL record, a CSV row) this long is not a text to classify
+
+
+def _lines(path: Path) -> Iterator[str]:
+    """The lines of a (.gz or .bz2 compressed) data file, each decoded strictly as UTF-8 (no replacement
+    characters: bad bytes are refused). Bad bytes, a corrupt archive, a line over MAX_LINE_BYTES or more than
+    MAX_DATA_BYTES in all end in a DataError naming the line. Lines end at \\n (\\r\\n too; not a lone \\r)."""
+    name = excerpt(path.name)
     opener = {".bz2": bz2.open, ".gz": gzip.open}.get(path.suffix, open)
-    return opener(path, "rt", encoding="utf-8", errors="replace", newline="")
+    lineno, total = 0, 0
+    try:
+        with opener(path, "rb") as fh:
+            while raw := fh.readline(MAX_LINE_BYTES + 1):
+                lineno += 1
+                total += len(raw)
+                if len(raw) > MAX_LINE_BYTES:
+                    raise DataError(f"data file {name}: line {lineno} is over {MAX_LINE_BYTES} bytes "
+                                    "(an unclosed quote?); fix the line or shorten the text")
+                if total > MAX_DATA_BYTES:
+                    raise DataError(f"data file {name}: more than {MAX_DATA_BYTES // 2**20} MB of text by line "
+                                    f"{lineno}; give a smaller file")
+                yield raw.decode("utf-8-sig" if lineno == 1 else "utf-8")  # a spreadsheet's byte order mark
+    except UnicodeDecodeError:
+        raise DataError(f"data file {name}: line {lineno} is not UTF-8 text; save the file as UTF-8") from None
+    except (OSError, EOFError, zlib.error) as exc:  # a corrupt or cut-off archive
+        raise DataError(f"data file {name}: cannot be read at line {lineno + 1} ({type(exc).__name__}: "
+                        f"{excerpt(str(exc))}); give an intact {path.suffix or 'text'} file") from None
+
+
+def _json_row(line: str, name: str, lineno: int) -> dict[str, str]:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"data file {name}: line {lineno} is not a JSON object ({exc.msg}); fix the line") from None
+    except RecursionError:
+        raise DataError(f"data file {name}: line {lineno} is JSON nested too deep; give flat records") from None
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits
+        raise DataError(f"data file {name}: line {lineno}: {excerpt(str(exc))}; fix the line") from None
+    if not isinstance(record, dict):
+        raise DataError(f"data file {name}: line {lineno} must be a JSON object such as "
+                        '{"text": "...", "label": "..."}')
+    row = {str(k): "" if v is None else str(v) for k, v in record.items()}
+    try:  # a JSON escape can make a lone surrogate, which is no text and cannot be printed
+        "".join([*row, *row.values()]).encode("utf-8")
+    except UnicodeEncodeError:
+        raise DataError(f"data file {name}: line {lineno} holds an unpaired surrogate escape (such as \\ud800); "
+                        "fix the text") from None
+    return row
 
 
 def read_rows(task: TaskConfig) -> list[dict[str, str]]:
     cfg = task.data
     path = resolve_source(cfg.source, task.base_dir)
-    if not path.is_file():
-        raise DataError(f"task {task.name!r}: data file {path} does not exist; fix data.source")
+    check_file(path, "data file", MAX_DATA_BYTES)
+    name = excerpt(path.name)
     rows: list[dict[str, str]] = []
-    with _open_text(path) as fh:
-        if cfg.format == "jsonl":
-            for lineno, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise DataError(f"{path}:{lineno}: not a JSON object ({exc.msg})") from None
-                if not isinstance(record, dict):
-                    raise DataError(f"{path}:{lineno}: each line must be a JSON object")
-                rows.append({str(k): "" if v is None else str(v) for k, v in record.items()})
-        else:
-            quoting = csv.QUOTE_NONE if cfg.delimiter == "\t" else csv.QUOTE_MINIMAL
-            if cfg.header:
-                reader = csv.DictReader(fh, delimiter=cfg.delimiter, quoting=quoting)
-                rows = [dict(r) for r in reader]
-            else:
-                if not cfg.columns:
-                    raise DataError(f"task {task.name!r}: data.header is false, so give data.columns")
-                for values in csv.reader(fh, delimiter=cfg.delimiter, quoting=quoting):
-                    if values:
-                        rows.append(dict(zip(cfg.columns, values)))
+    if cfg.format == "jsonl":
+        for lineno, line in enumerate(_lines(path), 1):
+            if line.strip():
+                rows.append(_json_row(line, name, lineno))
+    else:
+        if not cfg.header and not cfg.columns:
+            raise DataError(f"task {task.name!r}: data.header is false, so give data.columns")
+        quoting = csv.QUOTE_NONE if cfg.delimiter == "\t" else csv.QUOTE_MINIMAL
+        reader = csv.reader(_lines(path), delimiter=cfg.delimiter, quoting=quoting)
+        try:
+            header = cfg.columns if not cfg.header else next(reader, [])
+            for values in reader:
+                if values:
+                    rows.append(dict(zip(header, values)))
+        except csv.Error as exc:
+            raise DataError(f"data file {name}: line {reader.line_num}: {excerpt(str(exc))}; fix the row "
+                            "(an unclosed quote?) or data.delimiter") from None
     if not rows:
-        raise DataError(f"task {task.name!r}: data file {path} holds no rows")
+        raise DataError(f"task {task.name!r}: data file {name} holds no rows; add examples or fix data.source")
     for column in (cfg.text_column, cfg.label_column):
         if not any(column in row for row in rows[:50]):
+            columns = ", ".join(excerpt(c, 30) for c in list(rows[0])[:5])
             raise DataError(
-                f"task {task.name!r}: column {column!r} not found in {path}; "
-                f"columns are {sorted(rows[0])}: fix data.text_column / data.label_column"
+                f"task {task.name!r}: column {column!r} not found in {name}; its first columns are {columns}: "
+                "fix data.text_column / data.label_column (or data.delimiter, data.header)"
             )
     return rows
 
@@ -109,7 +154,7 @@ def load_examples(task: TaskConfig) -> list[Example]:
             seen.add(text)
         examples.append(Example(text[: cfg.max_chars], to_label[raw]))
     if unknown:
-        values = ", ".join(f"{v!r} ({n})" for v, n in unknown.most_common(5))
+        values = ", ".join(f"{excerpt(v, 30)} ({n})" for v, n in unknown.most_common(3))
         raise DataError(
             f"task {task.name!r}: label value(s) {values} are not mapped to any label; "
             f"add them to labels.<name>.values or to data.drop_values"

@@ -2,6 +2,7 @@
 and the fix, never a traceback, never more than a short escaped excerpt of what it read, and accepts
 nothing invalid."""
 
+import gzip
 import json
 import os
 import re
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+import pipelines.data
 from pipelines.cli import main
 
 SECRET = "s3cret-content-of-the-file"
@@ -195,3 +197,95 @@ def test_many_problems_make_one_line(tmp_path, capsys):
 def test_the_tasks_command_refuses_the_same_way(tmp_path, capsys):
     text = yaml.safe_dump(task_dict()) + "name: again\n"
     refused(["tasks", write_task(tmp_path, text)], capsys, "duplicate key")
+
+
+# --- 4. Data and its paths ---------------------------------------------------------------
+
+@pytest.mark.parametrize("delimiter", ["", ";;", "\n", '"'])
+def test_the_delimiter_is_one_character(tmp_path, capsys, delimiter):
+    refused(render(write_task(tmp_path, **{"data.delimiter": delimiter})), capsys, "data.delimiter", "one character")
+
+
+def bad_data(tmp_path: Path, name: str, content: bytes, **changes) -> str:
+    path = write_task(tmp_path, **{"data.source": name,
+                                   "data.format": "jsonl" if ".jsonl" in name else "csv", **changes})
+    (tmp_path / name).write_bytes(content)
+    return path
+
+
+GOOD_CSV = "label,text\n" + "".join(f"fraud,PIN {i}\nok,lunch {i}\n" for i in range(8))
+
+
+@pytest.mark.parametrize("name, content, words", [
+    ("big_field.csv", (GOOD_CSV + 'ok,"' + "x" * 200_000 + '"\n').encode(),
+     ("line 18", "field larger than field limit", "unclosed quote")),
+    ("huge_line.csv", (GOOD_CSV + "ok," + "x" * (2**20 + 1) + "\n").encode(),
+     ("line 18 is over 1048576 bytes", "unclosed quote")),
+    ("open_quote.csv", (GOOD_CSV + 'ok,"never closed\n' + "ok,x\n" * 30_000).encode(), ("line ", "unclosed quote")),
+    ("latin1.csv", (GOOD_CSV + "ok,caf\xe9\n").encode("latin-1"), ("line 18 is not UTF-8", "save the file as UTF-8")),
+    ("surrogate.csv", (GOOD_CSV + "ok,x").encode() + b"\xed\xa0\x80\n", ("line 18 is not UTF-8",)),
+    ("corrupt.csv.gz", b"this is no gzip" + SECRET.encode(), ("'corrupt.csv.gz'", "line 1", "intact .gz file")),
+    ("cut.csv.gz", gzip.compress(GOOD_CSV.encode() * 50)[:-30], ("'cut.csv.gz'", "EOFError", "intact .gz")),
+    ("deep.jsonl", b'{"label": "ok", "text": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n",
+     ("line 1 is JSON nested too deep", "flat records")),
+    ("surrogate.jsonl", b'{"label": "ok", "text": "\\ud800 lone"}\n', ("line 1", "unpaired surrogate")),
+    ("digits.jsonl", b'{"label": "ok", "text": ' + b"7" * 5000 + b"}\n", ("line 1", "fix the line")),
+    ("bad.jsonl", f'{{"label": "ok", "text": "{SECRET}\n'.encode(), ("line 1 is not a JSON object",)),
+    ("list.jsonl", b'["ok", "text"]\n', ("line 1 must be a JSON object",)),
+])
+def test_broken_data_ends_in_one_line_naming_file_and_line(tmp_path, capsys, name, content, words):
+    refused(render(bad_data(tmp_path, name, content)), capsys, f"data file '{name}'", *words)
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_column(tmp_path, capsys):
+    assert main(render(bad_data(tmp_path, "bom.csv", b"\xef\xbb\xbf" + GOOD_CSV.encode()))) == 0
+    assert "Case: " in capsys.readouterr().out
+
+
+def test_unmapped_label_values_are_shown_short(tmp_path, capsys):
+    rows = GOOD_CSV + "".join(f"v{i}{'w' * 100}{SECRET},text {i}\n" for i in range(10))
+    err = refused(render(bad_data(tmp_path, "labels.csv", rows.encode())), capsys, "not mapped to any label")
+    assert len(re.findall("w+", err)) == 3
+
+
+def test_extra_fields_in_a_row_do_not_break_the_column_check(tmp_path, capsys):
+    content = b"label,body\n" + b"ok,a,b,c\n" * 4
+    refused(render(bad_data(tmp_path, "extra.csv", content)), capsys, "column 'text' not found")
+
+
+@pytest.mark.parametrize("kind, words", [
+    ("folder", ("not a regular file",)), ("fifo", ("not a regular file",)),
+    ("device", ("not a regular file",)), ("proc", ("empty",)), ("missing", ("does not exist",)),
+    ("nul", ("cannot be read",)),
+])
+def test_a_data_source_that_is_not_a_regular_file_is_refused(tmp_path, capsys, kind, words):
+    source = tmp_path / "special.csv"
+    if kind == "folder":
+        source.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(source)
+    elif kind in ("device", "proc"):
+        source.symlink_to("/dev/zero" if kind == "device" else "/proc/self/environ")
+    elif kind == "nul":
+        source = "bad\0name.csv"
+    refused(render(write_task(tmp_path, **{"data.source": str(source)})), capsys, "data file", *words)
+
+
+def test_data_whose_columns_do_not_match_echoes_only_a_short_excerpt(tmp_path, capsys):
+    (tmp_path / "passwd").write_text(f"root:x:0:0:{SECRET}{'z' * 200}:/root:/bin/bash\n" * 3)
+    err = refused(render(write_task(tmp_path, **{"data.source": "passwd"})), capsys,
+                  "column 'text' not found", "fix data.text_column")
+    assert "/bin/bash" not in err
+
+
+def test_data_file_over_the_size_limit_is_refused_before_reading(tmp_path, capsys):
+    big = tmp_path / "big.csv"
+    with big.open("wb") as fh:
+        fh.truncate(pipelines.data.MAX_DATA_BYTES + 1)  # sparse: no disk used
+    refused(render(write_task(tmp_path, **{"data.source": "big.csv"})), capsys, "over the limit of 512 MB")
+
+
+def test_a_decompression_bomb_stops_at_the_limit(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(pipelines.data, "MAX_DATA_BYTES", 10_000)
+    (tmp_path / "bomb.csv.gz").write_bytes(gzip.compress(b"label,text\n" + b"ok,hello\n" * 100_000))
+    refused(render(write_task(tmp_path, **{"data.source": "bomb.csv.gz"})), capsys, "more than", "smaller file")
