@@ -23,7 +23,7 @@ import json
 import sys
 
 from templates.routing import BUCKETS, DEFAULT_RAMP, bucket, takes_canary
-from templates.store import StoreError, TemplateStore, Version, default_store_url
+from templates.store import StoreError, TemplateStore, Version, check_name, default_store_url
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -104,12 +104,13 @@ def _resolve(store: TemplateStore, ref: str) -> Version:
         if version is None:
             raise StoreError(f"task {task!r} has no label {label!r}; its labels are {sorted(store.labels(task)) or 'none'}")
         return version
-    if not ref.isdigit():
+    if not (ref.isascii() and ref.isdigit()):
         raise StoreError(f"{ref!r} is not a version: give a version id such as 7, or TASK@LABEL such as risk@production")
     return store.get_version(int(ref))
 
 
 def _known_task(store: TemplateStore, task: str) -> None:
+    check_name(task, "task name")
     tasks = store.tasks()
     if task not in tasks:
         raise StoreError(f"unknown task {task!r}; the store has {', '.join(tasks) or 'no tasks yet'}")
@@ -262,6 +263,7 @@ def _route(store: TemplateStore, args: argparse.Namespace) -> None:
         f"canary {canary.version_id} gets {canary.share:.0%} (ramp {', '.join(f'{s:.0%}' for s in canary.ramp)})"
     )
     if args.key is not None:
+        check_name(args.key, "caller key")
         to_canary = canary is not None and takes_canary(args.task, args.key, canary.share)
         if not to_canary and production is None:
             raise StoreError(f"task {args.task!r} has no production template; promote a version first")

@@ -52,6 +52,8 @@ from templates.template import Template
 SCHEMA_VERSION = 1
 LABEL_NAME = re.compile(r"[a-z][a-z0-9_-]*")
 SPLITS = ("dev", "test")
+MAX_ID = 2**63 - 1  # ids are signed 64-bit integers in both databases
+MAX_NAME_CHARS = 200
 
 # The tables, for both databases; {id} is each one's auto-numbered key. The queries are standard
 # SQL (RETURNING, no INSERT OR REPLACE, no database functions) written with ? parameters, which
@@ -143,6 +145,31 @@ _CURRENT = "SELECT version_id, share, ramp FROM label_history WHERE task = ? AND
 
 class StoreError(Exception):
     """The store cannot do what was asked; the message names the problem and the fix."""
+
+
+def check_id(version_id: object) -> int:
+    """A version id as given, refused before it reaches a database that cannot hold it."""
+    if isinstance(version_id, bool) or not isinstance(version_id, int) or not 0 < version_id <= MAX_ID:
+        raise StoreError(f"version id {version_id!r} is out of range: ids are whole numbers from 1 to {MAX_ID}; "
+                         "`tune-prompts store list TASK` shows them")
+    return version_id
+
+
+def check_name(name: object, what: str, *, new: bool = False) -> str:
+    """A task name, label or caller key as given: text both databases can store and look up. A ``new`` name,
+    one about to be stored, must also be printable, so that no table or message shows it as something else."""
+    if not isinstance(name, str) or not name:
+        raise StoreError(f"{what} must be non-empty text, e.g. 'risk'")
+    if len(name) > MAX_NAME_CHARS:
+        raise StoreError(f"{what} {name[:40]!a}... has {len(name)} characters; use at most {MAX_NAME_CHARS}")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise StoreError(f"{what} {name!a} is not valid UTF-8 (it came from undecodable bytes); "
+                         "retype it in UTF-8") from None
+    if "\x00" in name or (new and not name.isprintable()):
+        raise StoreError(f"{what} {name!a} has control characters; use printable characters only")
+    return name
 
 
 def _is_lock_error(exc: Exception) -> bool:
@@ -331,6 +358,9 @@ class TemplateStore:
             conn.execute("PRAGMA foreign_keys = ON")
             if not has_schema:
                 self._create_schema(conn, path)
+            # Read once: only a connection that has read removes, when it closes last, the -wal and -shm
+            # files that the read-only look above created; a refused command then leaves the folder as it was.
+            conn.execute("SELECT 1 FROM meta").fetchall()
         except sqlite3.Error as exc:
             conn.close()
             if _is_lock_error(exc):
@@ -481,8 +511,11 @@ class TemplateStore:
         decision: Decision | None = None,
     ) -> Version:
         """Append a new immutable version and return it."""
-        if not isinstance(task, str) or not task:
-            raise StoreError("a version needs a task name, e.g. 'risk'")
+        check_name(task, "task name", new=True)
+        if run_id is not None:
+            check_name(run_id, "run id", new=True)
+        if parent_id is not None:
+            check_id(parent_id)
         scores = scores or {}
         unknown = sorted(set(scores) - set(SPLITS))
         if unknown:
@@ -506,6 +539,7 @@ class TemplateStore:
         return _version_from_row((version_id, *row))
 
     def get_version(self, version_id: int) -> Version:
+        check_id(version_id)
         rows = self._query(f"SELECT {_VERSION_COLUMNS} FROM versions WHERE id = ?", (version_id,))
         if not rows:
             raise StoreError(f"no version {version_id} in the store at {self._path}; `tune-prompts store list` shows them")
@@ -513,6 +547,7 @@ class TemplateStore:
 
     def get_template(self, version_id: int) -> Template:
         """A version's template alone: what serving needs, without decoding scores and the decision."""
+        check_id(version_id)
         rows = self._query("SELECT template FROM versions WHERE id = ?", (version_id,))
         if not rows:
             raise StoreError(f"no version {version_id} in the store at {self._path}; `tune-prompts store list` shows them")
@@ -520,6 +555,7 @@ class TemplateStore:
 
     def list_versions(self, task: str) -> list[Version]:
         """A task's versions, oldest first; empty for an unknown task."""
+        check_name(task, "task name")
         rows = self._query(f"SELECT {_VERSION_COLUMNS} FROM versions WHERE task = ? ORDER BY id", (task,))
         return [_version_from_row(row) for row in rows]
 
@@ -550,6 +586,8 @@ class TemplateStore:
     # --- labels ---
 
     def _version_for_task(self, conn: Any, task: str, version_id: int) -> tuple:
+        check_name(task, "task name")
+        check_id(version_id)
         row = conn.execute(f"SELECT {_VERSION_COLUMNS} FROM versions WHERE id = ?", (version_id,)).fetchone()
         if row is None:
             raise StoreError(f"no version {version_id} in the store at {self._path}; `tune-prompts store list {task}` shows them")
@@ -580,6 +618,8 @@ class TemplateStore:
 
     def label_target(self, task: str, label: str) -> int | None:
         """The id of the version ``label`` points at for ``task``, or None; one indexed lookup."""
+        check_name(task, "task name")
+        check_name(label, "label")
         rows = self._query(_CURRENT, (task, label))
         return rows[0][0] if rows else None
 
@@ -589,6 +629,7 @@ class TemplateStore:
 
     def labels(self, task: str) -> dict[str, int]:
         """Every label of ``task`` that points at a version now: label -> version id."""
+        check_name(task, "task name")
         rows = self._query(
             "SELECT h.label, h.version_id FROM label_history h JOIN"
             " (SELECT max(seq) AS seq FROM label_history WHERE task = ? GROUP BY label) newest ON newest.seq = h.seq",
@@ -622,6 +663,7 @@ class TemplateStore:
         The production history is a stack: each promotion pushes, each rollback pops. After promoting
         1, 2, 3, rollbacks go to 2, then 1, then fail; promoting 4 after that and rolling back returns to 1.
         """
+        check_name(task, "task name")
         with self._transaction() as conn:
             stack: list[int] = []
             for version_id, action in conn.execute(
@@ -656,6 +698,7 @@ class TemplateStore:
         return canary
 
     def canary(self, task: str) -> Canary | None:
+        check_name(task, "task name")
         rows = self._query(_CURRENT, (task, "canary"))
         row = rows[0] if rows else None
         if row is None or row[0] is None:
@@ -664,6 +707,7 @@ class TemplateStore:
 
     def advance_canary(self, task: str) -> Canary:
         """Move the canary's share to the next step of its ramp."""
+        check_name(task, "task name")
         with self._transaction() as conn:
             row = conn.execute(_CURRENT, (task, "canary")).fetchone()
             if row is None or row[0] is None:
@@ -677,6 +721,7 @@ class TemplateStore:
 
     def end_canary(self, task: str) -> None:
         """Send every caller to production again."""
+        check_name(task, "task name")
         with self._transaction() as conn:
             row = conn.execute(_CURRENT, (task, "canary")).fetchone()
             if row is None or row[0] is None:

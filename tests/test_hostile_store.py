@@ -1,0 +1,85 @@
+"""`tune-prompts store ...` given hostile or broken input (issue #16): every command exits 0 or 2, an exit 2
+prints one line naming the problem and the fix, no traceback, and a refused write leaves the store's bytes
+as they were. On SQLite and PostgreSQL (the ``backend`` fixture in conftest.py) where the input reaches both."""
+
+import argparse
+
+import pytest
+
+from pipelines import cli_store
+from templates.gate import Decision
+from templates.store import StoreError, TemplateStore
+from templates.template import Template
+
+PASSED = Decision(True, ("pass: instruction_following 0.9 >= 0.82",))
+
+
+def cli(*argv: str) -> int:
+    parser = argparse.ArgumentParser(prog="tune-prompts")
+    cli_store.register(parser.add_subparsers(dest="command"))
+    return cli_store.run(parser.parse_args(list(argv)))
+
+
+def refused(capsys, *argv: str) -> str:
+    """Run a command that must fail; its one line of stderr."""
+    assert cli(*argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.startswith("error: ") and captured.err.count("\n") == 1, captured
+    return captured.err
+
+
+@pytest.fixture
+def store_url(backend):
+    """risk: v1 in production, v2 gated and passed."""
+    with TemplateStore(backend.url) as store:
+        v1 = store.add_version("risk", Template.from_text("Classify {text}"), decision=PASSED)
+        store.add_version("risk", Template.from_text("Classify carefully {text}"), parent_id=v1.id, decision=PASSED)
+        store.promote("risk", v1.id)
+    return backend.url
+
+
+BIG = "99999999999999999999999"
+
+
+@pytest.mark.parametrize("argv", [
+    ["show", BIG], ["show", "9223372036854775808"], ["diff", "1", BIG], ["promote", "risk", BIG],
+    ["label", "risk", "staging", BIG], ["route", "risk", "--canary", BIG], ["show", "0"],
+])
+def test_version_ids_beyond_64_bits_are_refused(backend, store_url, capsys, argv):
+    before = backend.snapshot()
+    err = refused(capsys, "store", *argv, "--store", store_url)
+    assert "is out of range: ids are whole numbers from 1 to 9223372036854775807" in err
+    assert backend.snapshot() == before
+
+
+def test_non_ascii_digits_are_not_version_ids(store_url, capsys):
+    assert "is not a version" in refused(capsys, "store", "show", "²", "--store", store_url)
+
+
+BAD_UTF8 = "\udcff"  # what Python makes of the byte 0xff in argv under a UTF-8 locale
+
+
+@pytest.mark.parametrize("argv, what", [
+    (["list", BAD_UTF8], "task name"), (["show", f"risk@{BAD_UTF8}"], "label"),
+    (["show", f"{BAD_UTF8}@production"], "task name"), (["promote", BAD_UTF8, "1"], "task name"),
+    (["rollback", BAD_UTF8], "task name"), (["label", BAD_UTF8, "staging", "1"], "task name"),
+    (["route", BAD_UTF8], "task name"), (["route", "risk", "--key", f"user-{BAD_UTF8}"], "caller key"),
+])
+def test_undecodable_names_are_refused(backend, store_url, capsys, argv, what):
+    before = backend.snapshot()
+    err = refused(capsys, "store", *argv, "--store", store_url)
+    assert f"{what} " in err and "is not valid UTF-8" in err and "retype it in UTF-8" in err
+    assert backend.snapshot() == before
+
+
+@pytest.mark.parametrize("task, message", [
+    ("risk\x1b[31m", "has control characters"), ("a\nb", "has control characters"), ("nul\x00", "control characters"),
+    ("x" * 201, "has 201 characters; use at most 200"), (BAD_UTF8, "is not valid UTF-8"), ("", "non-empty text"),
+])
+def test_new_task_names_must_be_printable_text_of_sane_length(backend, task, message):
+    with TemplateStore(backend.url) as store:
+        with pytest.raises(StoreError, match=message):
+            store.add_version(task, Template.from_text("x {text}"))
+        with pytest.raises(StoreError, match="run id"):
+            store.add_version("risk", Template.from_text("x {text}"), run_id=task or "\n")
+        assert store.tasks() == []
