@@ -214,15 +214,46 @@ class Version:
         }
 
 
-def _version_from_row(row: tuple) -> Version:
+# What decoding a stored row raises when the row was written outside the store or damaged on disk.
+_DECODE_ERRORS = (ValueError, TypeError, KeyError, AttributeError)  # json's and TemplateError are ValueErrors
+
+
+def _damaged(what: str, where: str, exc: Exception) -> StoreError:
+    reason = " ".join(str(exc).split())[:120] or type(exc).__name__
+    return StoreError(f"{what} in the store at {where} is damaged ({reason}); the store needs repair: "
+                      "restore it from a backup")
+
+
+def _is_figures(value: object) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in value.values())
+
+
+def _version_from_row(row: tuple, where: str) -> Version:
     id_, task, content_hash, template, parent_id, run_id, scores, latency, decision, created_at = row
-    decision = None if decision is None else json.loads(decision)
-    return Version(
-        id=id_, task=task, content_hash=content_hash, template=Template.from_dict(json.loads(template)),
-        parent_id=parent_id, run_id=run_id, scores=json.loads(scores), latency=json.loads(latency),
-        decision=None if decision is None else Decision(bool(decision["promote"]), tuple(decision["reasons"])),
-        created_at=created_at,
-    )
+    try:
+        scores, latency = json.loads(scores), json.loads(latency)
+        decision = None if decision is None else json.loads(decision)
+        if not (_is_figures(latency) and isinstance(scores, dict) and all(map(_is_figures, scores.values()))):
+            raise ValueError("scores or latency are not figures")
+        if not (all(isinstance(x, str) for x in (task, content_hash, created_at))
+                and isinstance(run_id, (str, type(None))) and isinstance(parent_id, (int, type(None)))):
+            raise ValueError("a column has the wrong type")
+        return Version(
+            id=id_, task=task, content_hash=content_hash, template=Template.from_dict(json.loads(template)),
+            parent_id=parent_id, run_id=run_id, scores=scores, latency=latency,
+            decision=None if decision is None else Decision(bool(decision["promote"]), tuple(decision["reasons"])),
+            created_at=created_at,
+        )
+    except _DECODE_ERRORS as exc:
+        raise _damaged(f"version {id_}", where, exc) from None
+
+
+def _canary_from_row(task: str, row: tuple, where: str) -> Canary:
+    try:
+        return Canary(row[0], row[1], tuple(json.loads(row[2])))
+    except _DECODE_ERRORS as exc:
+        raise _damaged(f"the canary of {task!r}", where, exc) from None
 
 
 def _finite_figures(figures: Mapping[str, Any], what: str) -> dict[str, float]:
@@ -308,6 +339,7 @@ class TemplateStore:
         self.url = url
         self.busy_timeout_s = busy_timeout_s
         self._lock = threading.RLock()
+        self._intact_through = (0, 0)  # (version id, label history seq) up to which every row decodes
         scheme, sep, rest = url.partition("://")
         if sep and scheme in ("postgresql", "postgres"):
             self._dialect = _POSTGRESQL
@@ -472,6 +504,7 @@ class TemplateStore:
                 try:
                     for statement in self._dialect.begin_write:
                         self._conn.execute(statement)
+                    self._refuse_if_damaged(self._conn)
                     yield self._conn
                     self._conn.execute("COMMIT")
                 finally:
@@ -479,6 +512,23 @@ class TemplateStore:
                         self._conn.execute("ROLLBACK")
             except self._db_error as exc:
                 raise self._error(exc) from None
+
+    def _refuse_if_damaged(self, conn: Any) -> None:
+        """No change on top of a row that does not decode (one written outside the store, or damaged on disk):
+        every write refuses until the store is repaired. Rows never change, so each is decoded once per store
+        object; under the write lock, so no row can appear meanwhile."""
+        version_id, seq = self._intact_through
+        try:
+            for row in conn.execute(f"SELECT {_VERSION_COLUMNS} FROM versions WHERE id > ? ORDER BY id",
+                                    (version_id,)).fetchall():
+                version_id = _version_from_row(row, self._path).id
+            for seq, task, *canary in conn.execute(
+                    "SELECT seq, task, version_id, share, ramp FROM label_history WHERE seq > ? AND label = 'canary'"
+                    " AND version_id IS NOT NULL ORDER BY seq", (seq,)).fetchall():
+                _canary_from_row(task, canary, self._path)
+        except StoreError as exc:
+            raise StoreError(f"cannot change the store: {exc}") from None
+        self._intact_through = (version_id, seq)
 
     def _query(self, sql: str, params: tuple = ()) -> list[tuple]:
         with self._lock:
@@ -536,14 +586,14 @@ class TemplateStore:
                 " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
                 row,
             ).fetchone()
-        return _version_from_row((version_id, *row))
+        return _version_from_row((version_id, *row), self._path)
 
     def get_version(self, version_id: int) -> Version:
         check_id(version_id)
         rows = self._query(f"SELECT {_VERSION_COLUMNS} FROM versions WHERE id = ?", (version_id,))
         if not rows:
             raise StoreError(f"no version {version_id} in the store at {self._path}; `tune-prompts store list` shows them")
-        return _version_from_row(rows[0])
+        return _version_from_row(rows[0], self._path)
 
     def get_template(self, version_id: int) -> Template:
         """A version's template alone: what serving needs, without decoding scores and the decision."""
@@ -551,13 +601,16 @@ class TemplateStore:
         rows = self._query("SELECT template FROM versions WHERE id = ?", (version_id,))
         if not rows:
             raise StoreError(f"no version {version_id} in the store at {self._path}; `tune-prompts store list` shows them")
-        return Template.from_dict(json.loads(rows[0][0]))
+        try:
+            return Template.from_dict(json.loads(rows[0][0]))
+        except _DECODE_ERRORS as exc:
+            raise _damaged(f"version {version_id}", self._path, exc) from None
 
     def list_versions(self, task: str) -> list[Version]:
         """A task's versions, oldest first; empty for an unknown task."""
         check_name(task, "task name")
         rows = self._query(f"SELECT {_VERSION_COLUMNS} FROM versions WHERE task = ? ORDER BY id", (task,))
-        return [_version_from_row(row) for row in rows]
+        return [_version_from_row(row, self._path) for row in rows]
 
     def tasks(self) -> list[str]:
         # Sorted here: ORDER BY on text follows the database's collation, which differs between databases.
@@ -643,7 +696,7 @@ class TemplateStore:
         A version the gate refused (or never saw) needs ``force=True``; the move is recorded as forced.
         """
         with self._transaction() as conn:
-            version = _version_from_row(self._version_for_task(conn, task, version_id))
+            version = _version_from_row(self._version_for_task(conn, task, version_id), self._path)
             if not force and (version.decision is None or not version.decision.promote):
                 why = "was never gated" if version.decision is None else "was refused by the gate: " + "; ".join(
                     r for r in version.decision.reasons if r.startswith("fail"))
@@ -678,7 +731,7 @@ class TemplateStore:
                 now = f"version {stack[-1]}" if stack else "nothing"
                 raise StoreError(f"cannot roll back {task!r}: production holds {now} and no earlier version to return to")
             self._move(conn, task, "production", stack[-2], "rollback")
-            return _version_from_row(self._version_for_task(conn, task, stack[-2]))
+            return _version_from_row(self._version_for_task(conn, task, stack[-2]), self._path)
 
     # --- canary routing ---
 
@@ -703,7 +756,7 @@ class TemplateStore:
         row = rows[0] if rows else None
         if row is None or row[0] is None:
             return None
-        return Canary(row[0], row[1], tuple(json.loads(row[2])))
+        return _canary_from_row(task, row, self._path)
 
     def advance_canary(self, task: str) -> Canary:
         """Move the canary's share to the next step of its ramp."""
@@ -713,7 +766,7 @@ class TemplateStore:
             if row is None or row[0] is None:
                 raise StoreError(f"task {task!r} has no canary to advance; start one with set_canary (route --canary)")
             try:
-                canary = Canary(row[0], row[1], tuple(json.loads(row[2]))).advance()
+                canary = _canary_from_row(task, row, self._path).advance()
             except ValueError as exc:
                 raise StoreError(str(exc)) from None
             self._move(conn, task, "canary", canary.version_id, "advance", canary)

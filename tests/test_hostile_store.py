@@ -83,3 +83,54 @@ def test_new_task_names_must_be_printable_text_of_sane_length(backend, task, mes
         with pytest.raises(StoreError, match="run id"):
             store.add_version("risk", Template.from_text("x {text}"), run_id=task or "\n")
         assert store.tasks() == []
+
+
+def insert_raw(backend, sql: str) -> None:
+    """A row written outside the store's code (the store's triggers refuse UPDATE, not INSERT)."""
+    conn = backend.connect()
+    try:
+        conn.execute(sql)
+    finally:
+        conn.close()
+
+
+DAMAGED_VERSIONS = {
+    "template not JSON": "'{not json', '{}', '{}', NULL",
+    "template not a record": "'[1, 2]', '{}', '{}', NULL",
+    "scores not figures": """'{"text": "x {text}"}', '{"test": {"balanced_accuracy": "high"}}', '{}', NULL""",
+    "decision not JSON": """'{"text": "x {text}"}', '{}', '{}', 'promote!'""",
+}
+
+
+@pytest.mark.parametrize("values", DAMAGED_VERSIONS.values(), ids=DAMAGED_VERSIONS)
+def test_a_damaged_version_is_named_on_read_and_blocks_every_write(backend, store_url, capsys, values):
+    insert_raw(backend, "INSERT INTO versions (task, content_hash, template, scores, latency, decision, created_at)"
+                        f" VALUES ('risk', 'abc', {values}, '2026-01-01T00:00:00')")
+    before = backend.snapshot()
+    for argv in (["list", "risk"], ["show", "3"], ["diff", "1", "3"], ["promote", "risk", "3", "--force"]):
+        err = refused(capsys, "store", *argv, "--store", store_url)
+        assert "version 3 in the store at " in err and "is damaged (" in err and "restore it from a backup" in err
+    for argv in (["promote", "risk", "2"], ["label", "risk", "staging", "1"], ["route", "risk", "--canary", "2"]):
+        err = refused(capsys, "store", *argv, "--store", store_url)
+        assert err.startswith("error: cannot change the store: version 3 in the store at ") and "is damaged" in err
+    assert backend.snapshot() == before
+    # Reads of the other versions still work.
+    assert cli("store", "show", "2", "--store", store_url) == 0
+    assert cli("store", "diff", "1", "2", "--store", store_url) == 0
+    with TemplateStore(store_url) as store:
+        assert store.get_template(1).text == "Classify {text}"
+        with pytest.raises(StoreError, match="cannot change the store: version 3"):
+            store.add_version("risk", Template.from_text("new {text}"))
+    assert backend.snapshot() == before
+
+
+def test_a_damaged_canary_row_is_named_on_read_and_blocks_every_write(backend, store_url, capsys):
+    insert_raw(backend, "INSERT INTO label_history (task, label, version_id, action, share, ramp, moved_at)"
+                        " VALUES ('risk', 'canary', 2, 'canary', 0.05, '[0.05, oops', '2026-01-01T00:00:00')")
+    before = backend.snapshot()
+    err = refused(capsys, "store", "route", "risk", "--store", store_url)
+    assert "the canary of 'risk' in the store at " in err and "restore it from a backup" in err
+    err = refused(capsys, "store", "rollback", "risk", "--store", store_url)
+    assert err.startswith("error: cannot change the store: the canary of 'risk'")
+    assert backend.snapshot() == before
+    assert cli("store", "show", "risk@production", "--store", store_url) == 0
