@@ -340,6 +340,7 @@ class TemplateStore:
         self.busy_timeout_s = busy_timeout_s
         self._lock = threading.RLock()
         self._intact_through = (0, 0)  # (version id, label history seq) up to which every row decodes
+        self._read_only = False  # an SQLite store whose folder or file this process may not write
         scheme, sep, rest = url.partition("://")
         if sep and scheme in ("postgresql", "postgres"):
             self._dialect = _POSTGRESQL
@@ -374,6 +375,8 @@ class TemplateStore:
 
     def _open_sqlite(self, path: str, create: bool) -> sqlite3.Connection:
         """Open (and create, if allowed and missing) the store file; lock errors are raised as they are."""
+        if os.path.exists(path) and not (os.access(path, os.W_OK) and os.access(os.path.dirname(path), os.W_OK)):
+            return self._open_sqlite_read_only(path)
         # Look before writing anything: a read-only connection cannot change a file that is not ours.
         has_schema = os.path.exists(path) and os.path.getsize(path) > 0 and self._check_file_is_store(path)
         if not has_schema and not create:
@@ -393,6 +396,30 @@ class TemplateStore:
             # Read once: only a connection that has read removes, when it closes last, the -wal and -shm
             # files that the read-only look above created; a refused command then leaves the folder as it was.
             conn.execute("SELECT 1 FROM meta").fetchall()
+        except sqlite3.Error as exc:
+            conn.close()
+            if _is_lock_error(exc):
+                raise
+            raise self._error(exc, path) from None
+        except StoreError:
+            conn.close()
+            raise
+        return conn
+
+    def _open_sqlite_read_only(self, path: str) -> sqlite3.Connection:
+        """A store in a folder (or a file) we may not write: it can be read, and nothing is created beside it.
+
+        SQLite reads a WAL store through its -shm file, which it cannot create here. With no -wal file nobody has
+        the store open, so it is read as immutable (a reader then sees no later change: reopen it for those);
+        a store open elsewhere has its -wal and -shm, and is read through them.
+        """
+        self._read_only = True
+        immutable = "" if os.path.exists(path + "-wal") else "&immutable=1"
+        conn = sqlite3.connect(f"file:{quote(path)}?mode=ro{immutable}", uri=True, timeout=self.busy_timeout_s,
+                               isolation_level=None, check_same_thread=False)
+        try:
+            if not self._is_store(conn, path):
+                raise StoreError(f"no store at {path}: check --store / the URL")
         except sqlite3.Error as exc:
             conn.close()
             if _is_lock_error(exc):
@@ -499,6 +526,9 @@ class TemplateStore:
     @contextmanager
     def _transaction(self) -> Iterator[Any]:
         """One write transaction; everything inside commits together or not at all."""
+        if self._read_only:
+            raise StoreError(f"the store at {self._path} is read-only here (this user may not write its file or "
+                             "folder): make both writable to change it; list, show, diff and route still read it")
         with self._lock:
             try:
                 try:

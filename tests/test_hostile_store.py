@@ -3,6 +3,12 @@ prints one line naming the problem and the fix, no traceback, and a refused writ
 as they were. On SQLite and PostgreSQL (the ``backend`` fixture in conftest.py) where the input reaches both."""
 
 import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -134,3 +140,57 @@ def test_a_damaged_canary_row_is_named_on_read_and_blocks_every_write(backend, s
     assert err.startswith("error: cannot change the store: the canary of 'risk'")
     assert backend.snapshot() == before
     assert cli("store", "show", "risk@production", "--store", store_url) == 0
+
+
+READ_COMMANDS = (["list"], ["list", "risk"], ["show", "risk@production"], ["diff", "1", "2"],
+                 ["route", "risk", "--key", "user-17"])
+
+
+def as_a_reader(folder, *argv: str) -> subprocess.CompletedProcess:
+    """`tune-prompts store ARGV` in another process whose user may read ``folder`` but not write it:
+    as root (who ignores permissions) the user nobody; otherwise this user, with the folder made read-only."""
+    code = ("import argparse, sys; from pipelines import cli_store; p = argparse.ArgumentParser(); "
+            "cli_store.register(p.add_subparsers(dest='command')); sys.exit(cli_store.run(p.parse_args()))")
+    user = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []
+    return subprocess.run([*user, sys.executable, "-c", code, "store", *argv, "--store", str(folder / "store.sqlite")],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(Path(cli_store.__file__).parents[1])})
+
+
+@pytest.fixture
+def read_only_folder():
+    """A folder holding a filled store that as_a_reader's user cannot write."""
+    if os.geteuid() == 0 and not shutil.which("setpriv"):
+        pytest.skip("running as root without setpriv: no user to whom a folder is read-only")
+    folder = Path(tempfile.mkdtemp(prefix="tune-prompts-ro-"))
+    with TemplateStore(f"sqlite:///{folder / 'store.sqlite'}") as store:
+        v1 = store.add_version("risk", Template.from_text("Classify {text}"), decision=PASSED)
+        store.add_version("risk", Template.from_text("Classify carefully {text}"), parent_id=v1.id, decision=PASSED)
+        store.promote("risk", v1.id)
+    folder.chmod(0o755 if os.geteuid() == 0 else 0o555)  # root's folder is read-only to nobody
+    yield folder
+    folder.chmod(0o755)
+    shutil.rmtree(folder)
+
+
+def test_reads_work_from_a_read_only_folder_and_create_nothing(read_only_folder):
+    before = {p.name: p.read_bytes() for p in read_only_folder.iterdir()}
+    assert list(before) == ["store.sqlite"]  # no -wal or -shm: nobody has the store open
+    for argv in READ_COMMANDS:
+        done = as_a_reader(read_only_folder, *argv)
+        assert (done.returncode, done.stderr) == (0, ""), argv
+    assert "production=1" in as_a_reader(read_only_folder, "list").stdout
+    done = as_a_reader(read_only_folder, "promote", "risk", "2")
+    assert done.returncode == 2 and done.stdout == "" and done.stderr.count("\n") == 1
+    assert done.stderr.startswith("error: the store at ") and "is read-only here" in done.stderr
+    assert {p.name: p.read_bytes() for p in read_only_folder.iterdir()} == before
+
+
+def test_a_store_open_elsewhere_is_read_through_its_wal_from_a_read_only_folder(read_only_folder):
+    with TemplateStore(f"sqlite:///{read_only_folder / 'store.sqlite'}", create=False) as writer:
+        if os.geteuid() != 0:
+            pytest.skip("the writer would need the folder it has just made read-only")
+        writer.promote("risk", 2)  # in the -wal file until the writer closes
+        assert (read_only_folder / "store.sqlite-wal").exists()
+        done = as_a_reader(read_only_folder, "list")
+        assert done.returncode == 0 and "production=2" in done.stdout, done.stderr
