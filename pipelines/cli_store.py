@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         with TemplateStore(args.store or default_store_url(), create=False) as store:
             args.store_handler(store, args)
     except StoreError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {_escaped(str(exc))}", file=sys.stderr)
         return 2
     return 0
 
@@ -116,8 +116,14 @@ def _known_task(store: TemplateStore, task: str) -> None:
         raise StoreError(f"unknown task {task!r}; the store has {', '.join(tasks) or 'no tasks yet'}")
 
 
+def _escaped(text: str) -> str:
+    """``text`` with every control character (ANSI escapes, newlines, ...) written as its escape sequence, so that
+    a stored name cannot colour the terminal or forge a row."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def _table(headers: list[str], rows: list[list]) -> str:
-    cells = [headers] + [["-" if c is None else str(c) for c in row] for row in rows]
+    cells = [headers] + [["-" if c is None else _escaped(str(c)) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells)
 
@@ -131,7 +137,9 @@ def _gate(version: Version) -> str:
 
 
 def _print(args: argparse.Namespace, data: object, text: str) -> None:
-    print(json.dumps(data, indent=2) if args.json else text)
+    """JSON (which escapes control characters itself) or the text; every stored name or caller's text in it
+    has been through _escaped, and each line is escaped once more in case one was missed."""
+    print(json.dumps(data, indent=2) if args.json else "\n".join(map(_escaped, text.split("\n"))))
 
 
 def _list(store: TemplateStore, args: argparse.Namespace) -> None:
@@ -185,8 +193,8 @@ def _show(store: TemplateStore, args: argparse.Namespace) -> None:
         ("latency", _figures(v.latency) or "-"),
         ("gate", _gate(v)),
     ]
-    lines = [f"{name:<13}{value}" for name, value in fields]
-    lines += [f"  {reason}" for reason in (v.decision.reasons if v.decision else ())]
+    lines = [f"{name:<13}{_escaped(str(value))}" for name, value in fields]
+    lines += [f"  {_escaped(reason)}" for reason in (v.decision.reasons if v.decision else ())]
     lines += ["template:", *[f"  {line}" for line in v.template.text.splitlines()]]
     _print(args, {**v.to_dict(), "labels": labels}, "\n".join(lines))
 
@@ -221,7 +229,7 @@ def _promote(store: TemplateStore, args: argparse.Namespace) -> None:
         args,
         {"task": args.task, "production": version.id, "previous": before.get("production"), "canary_ended": ended,
          "forced": args.force},
-        f"{args.task}: production {before.get('production', '-')} -> {version.id}"
+        f"{_escaped(args.task)}: production {before.get('production', '-')} -> {version.id}"
         + (" (forced past the gate)" if args.force else "") + (f"; canary {before['canary']} ended" if ended else ""),
     )
 
@@ -231,14 +239,14 @@ def _rollback(store: TemplateStore, args: argparse.Namespace) -> None:
     before = store.labels(args.task).get("production")
     version = store.rollback(args.task)
     _print(args, {"task": args.task, "production": version.id, "previous": before},
-           f"{args.task}: production rolled back {before} -> {version.id}")
+           f"{_escaped(args.task)}: production rolled back {before} -> {version.id}")
 
 
 def _label(store: TemplateStore, args: argparse.Namespace) -> None:
     version = _resolve(store, args.version)
     store.set_label(args.task, args.label, version.id)
     _print(args, {"task": args.task, "label": args.label, "version": version.id},
-           f"{args.task}: {args.label} -> {version.id}")
+           f"{_escaped(args.task)}: {_escaped(args.label)} -> {version.id}")
 
 
 def _route(store: TemplateStore, args: argparse.Namespace) -> None:
@@ -258,7 +266,7 @@ def _route(store: TemplateStore, args: argparse.Namespace) -> None:
         "canary": None if canary is None else {"version": canary.version_id, "share": canary.share,
                                                "ramp": list(canary.ramp)},
     }
-    text = f"{args.task}: production {state['production'] or '-'}; " + (
+    text = f"{_escaped(args.task)}: production {state['production'] or '-'}; " + (
         "no canary" if canary is None else
         f"canary {canary.version_id} gets {canary.share:.0%} (ramp {', '.join(f'{s:.0%}' for s in canary.ramp)})"
     )
@@ -270,6 +278,6 @@ def _route(store: TemplateStore, args: argparse.Namespace) -> None:
         cut = 0 if canary is None else round(canary.share * BUCKETS)
         state |= {"key": args.key, "bucket": bucket(args.task, args.key), "route": "canary" if to_canary else "production",
                   "version": canary.version_id if to_canary else production.id}
-        text = (f"{args.key} -> {state['route']} (version {state['version']}; bucket {state['bucket']} "
+        text = (f"{_escaped(args.key)} -> {state['route']} (version {state['version']}; bucket {state['bucket']} "
                 f"{'<' if to_canary else '>='} {cut} of {BUCKETS})\n{text}")
     _print(args, state, text)

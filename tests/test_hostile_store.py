@@ -194,3 +194,27 @@ def test_a_store_open_elsewhere_is_read_through_its_wal_from_a_read_only_folder(
         assert (read_only_folder / "store.sqlite-wal").exists()
         done = as_a_reader(read_only_folder, "list")
         assert done.returncode == 0 and "production=2" in done.stdout, done.stderr
+
+
+FORGED = "evil\n1   forged  -  run  promote  production"
+
+
+def test_control_characters_in_stored_names_are_escaped_in_every_table_and_message(backend, store_url, capsys):
+    # Names the store refuses now, written as an older version or another program might have.
+    insert_raw(backend, "INSERT INTO versions (task, content_hash, template, run_id, scores, latency, created_at)"
+                        f" VALUES ('{FORGED}', 'abc', '{{\"text\": \"x {{text}}\"}}', 'run\x1b[2J', '{{}}', '{{}}',"
+                        " '2026-01-01T00:00:00')")
+    insert_raw(backend, "INSERT INTO label_history (task, label, version_id, action, moved_at)"
+                        " VALUES ('risk', 'red\x1b[31m', 1, 'set', '2026-01-01T00:00:00')")
+    outputs = []
+    for argv in (["list"], ["list", "risk"], ["show", "3"], ["show", "1"], ["diff", "1", "3"],
+                 ["route", "risk", "--key", "user\x1b[31m"], ["label", "risk", "staging", "3"]):
+        code = cli("store", *argv, "--store", store_url)
+        captured = capsys.readouterr()
+        outputs.append(captured.out + captured.err)
+        assert code in (0, 2) and "\x1b" not in outputs[-1], argv
+        assert not any(line.startswith("1   forged") for line in outputs[-1].splitlines()), argv
+    assert outputs[0].count("\n") == 3  # header, evil..., risk: no forged row
+    assert "evil\\n1   forged" in outputs[0] and "red\\x1b[31m=1" in outputs[0]
+    assert "run\\x1b[2J" in outputs[2] and "user\\x1b[31m -> production" in outputs[5]
+    assert "belongs to task 'evil\\n1   forged" in outputs[6]
