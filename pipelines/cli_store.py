@@ -222,15 +222,14 @@ def _diff(store: TemplateStore, args: argparse.Namespace) -> None:
 
 
 def _promote(store: TemplateStore, args: argparse.Namespace) -> None:
-    before = store.labels(args.task)
-    version = store.promote(args.task, _resolve(store, args.version).id, force=args.force)
-    ended = "canary" in before
+    moved = store.promote(args.task, _resolve(store, args.version).id, force=args.force)
+    ended = moved.ended_canary_id is not None
     _print(
         args,
-        {"task": args.task, "production": version.id, "previous": before.get("production"), "canary_ended": ended,
+        {"task": args.task, "production": moved.id, "previous": moved.previous_id, "canary_ended": ended,
          "forced": args.force},
-        f"{_escaped(args.task)}: production {before.get('production', '-')} -> {version.id}"
-        + (" (forced past the gate)" if args.force else "") + (f"; canary {before['canary']} ended" if ended else ""),
+        f"{_escaped(args.task)}: production {moved.previous_id or '-'} -> {moved.id}"
+        + (" (forced past the gate)" if args.force else "") + (f"; canary {moved.ended_canary_id} ended" if ended else ""),
     )
 
 

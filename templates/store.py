@@ -229,6 +229,14 @@ def _is_figures(value: object) -> bool:
         isinstance(v, (int, float)) and not isinstance(v, bool) for v in value.values())
 
 
+@dataclass(frozen=True)
+class Promotion(Version):
+    """The version ``promote`` made production, and what the move replaced, both read in its transaction."""
+
+    previous_id: int | None = None  # production before the move
+    ended_canary_id: int | None = None  # the canary the move ended
+
+
 def _version_from_row(row: tuple, where: str) -> Version:
     id_, task, content_hash, template, parent_id, run_id, scores, latency, decision, created_at = row
     try:
@@ -720,7 +728,7 @@ class TemplateStore:
         )
         return {label: version_id for label, version_id in sorted(rows) if version_id is not None}
 
-    def promote(self, task: str, version_id: int, *, force: bool = False) -> Version:
+    def promote(self, task: str, version_id: int, *, force: bool = False) -> Promotion:
         """Make a version ``production`` and end any canary ramp, in one transaction.
 
         A version the gate refused (or never saw) needs ``force=True``; the move is recorded as forced.
@@ -738,7 +746,8 @@ class TemplateStore:
             canary = conn.execute(_CURRENT, (task, "canary")).fetchone()
             if canary is not None and canary[0] is not None:
                 self._move(conn, task, "canary", None, "end-canary")
-        return version
+        return Promotion(**vars(version), previous_id=None if current is None else current[0],
+                         ended_canary_id=None if canary is None else canary[0])
 
     def rollback(self, task: str) -> Version:
         """Undo the newest promotion not yet undone: ``production`` returns to the version it held before.

@@ -218,3 +218,20 @@ def test_control_characters_in_stored_names_are_escaped_in_every_table_and_messa
     assert "evil\\n1   forged" in outputs[0] and "red\\x1b[31m=1" in outputs[0]
     assert "run\\x1b[2J" in outputs[2] and "user\\x1b[31m -> production" in outputs[5]
     assert "belongs to task 'evil\\n1   forged" in outputs[6]
+
+
+def test_promote_reports_the_production_its_own_move_replaced(backend, store_url, capsys, monkeypatch):
+    with TemplateStore(store_url) as store:
+        store.add_version("risk", Template.from_text("Classify briefly {text}"), decision=PASSED)
+        store.set_canary("risk", 2)
+    promote = TemplateStore.promote
+
+    def promote_after_another_process(self, task, version_id, **kwargs):
+        with TemplateStore(store_url) as other:  # between the command's start and its move
+            promote(other, "risk", 2)
+            other.set_canary("risk", 1)
+        return promote(self, task, version_id, **kwargs)
+
+    monkeypatch.setattr(TemplateStore, "promote", promote_after_another_process)
+    assert cli("store", "promote", "risk", "3", "--store", store_url) == 0
+    assert capsys.readouterr().out == "risk: production 2 -> 3; canary 1 ended\n"
