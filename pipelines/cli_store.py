@@ -23,7 +23,7 @@ import json
 import sys
 
 from templates.routing import BUCKETS, DEFAULT_RAMP, bucket, takes_canary
-from templates.store import StoreError, TemplateStore, Version, check_name, default_store_url
+from templates.store import MAX_ID, StoreError, TemplateStore, Version, check_name, default_store_url
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -106,6 +106,9 @@ def _resolve(store: TemplateStore, ref: str) -> Version:
         return version
     if not (ref.isascii() and ref.isdigit()):
         raise StoreError(f"{ref!r} is not a version: give a version id such as 7, or TASK@LABEL such as risk@production")
+    if len(ref) > 30:  # int() refuses numbers of thousands of digits; any id past 19 is out of range anyway
+        raise StoreError(f"version id {ref[:30]}... ({len(ref)} digits) is out of range: ids are whole numbers "
+                         f"from 1 to {MAX_ID}; `tune-prompts store list TASK` shows them")
     return store.get_version(int(ref))
 
 

@@ -159,7 +159,7 @@ def check_name(name: object, what: str, *, new: bool = False) -> str:
     """A task name, label or caller key as given: text both databases can store and look up. A ``new`` name,
     one about to be stored, must also be printable, so that no table or message shows it as something else."""
     if not isinstance(name, str) or not name:
-        raise StoreError(f"{what} must be non-empty text, e.g. 'risk'")
+        raise StoreError(f"{what} must be non-empty text; give one")
     if len(name) > MAX_NAME_CHARS:
         raise StoreError(f"{what} {name[:40]!a}... has {len(name)} characters; use at most {MAX_NAME_CHARS}")
     try:

@@ -49,7 +49,7 @@ BIG = "99999999999999999999999"
 
 @pytest.mark.parametrize("argv", [
     ["show", BIG], ["show", "9223372036854775808"], ["diff", "1", BIG], ["promote", "risk", BIG],
-    ["label", "risk", "staging", BIG], ["route", "risk", "--canary", BIG], ["show", "0"],
+    ["label", "risk", "staging", BIG], ["route", "risk", "--canary", BIG], ["show", "0"], ["show", "1" * 5000],
 ])
 def test_version_ids_beyond_64_bits_are_refused(backend, store_url, capsys, argv):
     before = backend.snapshot()
@@ -80,7 +80,7 @@ def test_undecodable_names_are_refused(backend, store_url, capsys, argv, what):
 
 @pytest.mark.parametrize("task, message", [
     ("risk\x1b[31m", "has control characters"), ("a\nb", "has control characters"), ("nul\x00", "control characters"),
-    ("x" * 201, "has 201 characters; use at most 200"), (BAD_UTF8, "is not valid UTF-8"), ("", "non-empty text"),
+    ("x" * 201, "has 201 characters; use at most 200"), (BAD_UTF8, "is not valid UTF-8"), ("", "must be non-empty text; give one"),
 ])
 def test_new_task_names_must_be_printable_text_of_sane_length(backend, task, message):
     with TemplateStore(backend.url) as store:
