@@ -25,6 +25,11 @@ IMMEDIATE``; PostgreSQL: ``LOCK TABLE ... IN SHARE ROW EXCLUSIVE MODE``, which r
 for): concurrent writers queue on it (up to the busy timeout) and a writer killed mid-way leaves the
 store as it was before. The queries are one text for both databases; ``_Dialect`` holds the few
 statements that differ.
+
+Hostile input stops at the API: ids outside 1..2**63-1 and names that are not UTF-8 text are refused
+(``check_id``, ``check_name``). A stored row that does not decode is a StoreError naming it, and every
+write refuses until the store is repaired. An SQLite store in a folder (or a file) this user cannot
+write is opened read-only and creates nothing beside it.
 """
 
 from __future__ import annotations
