@@ -23,7 +23,7 @@ import json
 import sys
 
 from templates.routing import BUCKETS, DEFAULT_RAMP, bucket, takes_canary
-from templates.store import StoreError, TemplateStore, Version, default_store_url
+from templates.store import MAX_ID, StoreError, TemplateStore, Version, check_name, default_store_url
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         with TemplateStore(args.store or default_store_url(), create=False) as store:
             args.store_handler(store, args)
     except StoreError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {_escaped(str(exc))}", file=sys.stderr)
         return 2
     return 0
 
@@ -104,19 +104,29 @@ def _resolve(store: TemplateStore, ref: str) -> Version:
         if version is None:
             raise StoreError(f"task {task!r} has no label {label!r}; its labels are {sorted(store.labels(task)) or 'none'}")
         return version
-    if not ref.isdigit():
+    if not (ref.isascii() and ref.isdigit()):
         raise StoreError(f"{ref!r} is not a version: give a version id such as 7, or TASK@LABEL such as risk@production")
+    if len(ref) > 30:  # int() refuses numbers of thousands of digits; any id past 19 is out of range anyway
+        raise StoreError(f"version id {ref[:30]}... ({len(ref)} digits) is out of range: ids are whole numbers "
+                         f"from 1 to {MAX_ID}; `tune-prompts store list TASK` shows them")
     return store.get_version(int(ref))
 
 
 def _known_task(store: TemplateStore, task: str) -> None:
+    check_name(task, "task name")
     tasks = store.tasks()
     if task not in tasks:
         raise StoreError(f"unknown task {task!r}; the store has {', '.join(tasks) or 'no tasks yet'}")
 
 
+def _escaped(text: str) -> str:
+    """``text`` with every control character (ANSI escapes, newlines, ...) written as its escape sequence, so that
+    a stored name cannot colour the terminal or forge a row."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def _table(headers: list[str], rows: list[list]) -> str:
-    cells = [headers] + [["-" if c is None else str(c) for c in row] for row in rows]
+    cells = [headers] + [["-" if c is None else _escaped(str(c)) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells)
 
@@ -130,7 +140,9 @@ def _gate(version: Version) -> str:
 
 
 def _print(args: argparse.Namespace, data: object, text: str) -> None:
-    print(json.dumps(data, indent=2) if args.json else text)
+    """JSON (which escapes control characters itself) or the text; every stored name or caller's text in it
+    has been through _escaped, and each line is escaped once more in case one was missed."""
+    print(json.dumps(data, indent=2) if args.json else "\n".join(map(_escaped, text.split("\n"))))
 
 
 def _list(store: TemplateStore, args: argparse.Namespace) -> None:
@@ -184,8 +196,8 @@ def _show(store: TemplateStore, args: argparse.Namespace) -> None:
         ("latency", _figures(v.latency) or "-"),
         ("gate", _gate(v)),
     ]
-    lines = [f"{name:<13}{value}" for name, value in fields]
-    lines += [f"  {reason}" for reason in (v.decision.reasons if v.decision else ())]
+    lines = [f"{name:<13}{_escaped(str(value))}" for name, value in fields]
+    lines += [f"  {_escaped(reason)}" for reason in (v.decision.reasons if v.decision else ())]
     lines += ["template:", *[f"  {line}" for line in v.template.text.splitlines()]]
     _print(args, {**v.to_dict(), "labels": labels}, "\n".join(lines))
 
@@ -213,15 +225,14 @@ def _diff(store: TemplateStore, args: argparse.Namespace) -> None:
 
 
 def _promote(store: TemplateStore, args: argparse.Namespace) -> None:
-    before = store.labels(args.task)
-    version = store.promote(args.task, _resolve(store, args.version).id, force=args.force)
-    ended = "canary" in before
+    moved = store.promote(args.task, _resolve(store, args.version).id, force=args.force)
+    ended = moved.ended_canary_id is not None
     _print(
         args,
-        {"task": args.task, "production": version.id, "previous": before.get("production"), "canary_ended": ended,
+        {"task": args.task, "production": moved.id, "previous": moved.previous_id, "canary_ended": ended,
          "forced": args.force},
-        f"{args.task}: production {before.get('production', '-')} -> {version.id}"
-        + (" (forced past the gate)" if args.force else "") + (f"; canary {before['canary']} ended" if ended else ""),
+        f"{_escaped(args.task)}: production {moved.previous_id or '-'} -> {moved.id}"
+        + (" (forced past the gate)" if args.force else "") + (f"; canary {moved.ended_canary_id} ended" if ended else ""),
     )
 
 
@@ -230,14 +241,14 @@ def _rollback(store: TemplateStore, args: argparse.Namespace) -> None:
     before = store.labels(args.task).get("production")
     version = store.rollback(args.task)
     _print(args, {"task": args.task, "production": version.id, "previous": before},
-           f"{args.task}: production rolled back {before} -> {version.id}")
+           f"{_escaped(args.task)}: production rolled back {before} -> {version.id}")
 
 
 def _label(store: TemplateStore, args: argparse.Namespace) -> None:
     version = _resolve(store, args.version)
     store.set_label(args.task, args.label, version.id)
     _print(args, {"task": args.task, "label": args.label, "version": version.id},
-           f"{args.task}: {args.label} -> {version.id}")
+           f"{_escaped(args.task)}: {_escaped(args.label)} -> {version.id}")
 
 
 def _route(store: TemplateStore, args: argparse.Namespace) -> None:
@@ -257,17 +268,18 @@ def _route(store: TemplateStore, args: argparse.Namespace) -> None:
         "canary": None if canary is None else {"version": canary.version_id, "share": canary.share,
                                                "ramp": list(canary.ramp)},
     }
-    text = f"{args.task}: production {state['production'] or '-'}; " + (
+    text = f"{_escaped(args.task)}: production {state['production'] or '-'}; " + (
         "no canary" if canary is None else
         f"canary {canary.version_id} gets {canary.share:.0%} (ramp {', '.join(f'{s:.0%}' for s in canary.ramp)})"
     )
     if args.key is not None:
+        check_name(args.key, "caller key")
         to_canary = canary is not None and takes_canary(args.task, args.key, canary.share)
         if not to_canary and production is None:
             raise StoreError(f"task {args.task!r} has no production template; promote a version first")
         cut = 0 if canary is None else round(canary.share * BUCKETS)
         state |= {"key": args.key, "bucket": bucket(args.task, args.key), "route": "canary" if to_canary else "production",
                   "version": canary.version_id if to_canary else production.id}
-        text = (f"{args.key} -> {state['route']} (version {state['version']}; bucket {state['bucket']} "
+        text = (f"{_escaped(args.key)} -> {state['route']} (version {state['version']}; bucket {state['bucket']} "
                 f"{'<' if to_canary else '>='} {cut} of {BUCKETS})\n{text}")
     _print(args, state, text)

@@ -25,6 +25,11 @@ IMMEDIATE``; PostgreSQL: ``LOCK TABLE ... IN SHARE ROW EXCLUSIVE MODE``, which r
 for): concurrent writers queue on it (up to the busy timeout) and a writer killed mid-way leaves the
 store as it was before. The queries are one text for both databases; ``_Dialect`` holds the few
 statements that differ.
+
+Hostile input stops at the API: ids outside 1..2**63-1 and names that are not UTF-8 text are refused
+(``check_id``, ``check_name``). A stored row that does not decode is a StoreError naming it, and every
+write refuses until the store is repaired. An SQLite store in a folder (or a file) this user cannot
+write is opened read-only and creates nothing beside it.
 """
 
 from __future__ import annotations
@@ -52,6 +57,8 @@ from templates.template import Template
 SCHEMA_VERSION = 1
 LABEL_NAME = re.compile(r"[a-z][a-z0-9_-]*")
 SPLITS = ("dev", "test")
+MAX_ID = 2**63 - 1  # ids are signed 64-bit integers in both databases
+MAX_NAME_CHARS = 200
 
 # The tables, for both databases; {id} is each one's auto-numbered key. The queries are standard
 # SQL (RETURNING, no INSERT OR REPLACE, no database functions) written with ? parameters, which
@@ -145,6 +152,31 @@ class StoreError(Exception):
     """The store cannot do what was asked; the message names the problem and the fix."""
 
 
+def check_id(version_id: object) -> int:
+    """A version id as given, refused before it reaches a database that cannot hold it."""
+    if isinstance(version_id, bool) or not isinstance(version_id, int) or not 0 < version_id <= MAX_ID:
+        raise StoreError(f"version id {version_id!r} is out of range: ids are whole numbers from 1 to {MAX_ID}; "
+                         "`tune-prompts store list TASK` shows them")
+    return version_id
+
+
+def check_name(name: object, what: str, *, new: bool = False) -> str:
+    """A task name, label or caller key as given: text both databases can store and look up. A ``new`` name,
+    one about to be stored, must also be printable, so that no table or message shows it as something else."""
+    if not isinstance(name, str) or not name:
+        raise StoreError(f"{what} must be non-empty text; give one")
+    if len(name) > MAX_NAME_CHARS:
+        raise StoreError(f"{what} {name[:40]!a}... has {len(name)} characters; use at most {MAX_NAME_CHARS}")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise StoreError(f"{what} {name!a} is not valid UTF-8 (it came from undecodable bytes); "
+                         "retype it in UTF-8") from None
+    if "\x00" in name or (new and not name.isprintable()):
+        raise StoreError(f"{what} {name!a} has control characters; use printable characters only")
+    return name
+
+
 def _is_lock_error(exc: Exception) -> bool:
     text = str(exc)
     return isinstance(exc, sqlite3.Error) and ("locked" in text or "busy" in text)
@@ -187,15 +219,54 @@ class Version:
         }
 
 
-def _version_from_row(row: tuple) -> Version:
+# What decoding a stored row raises when the row was written outside the store or damaged on disk.
+_DECODE_ERRORS = (ValueError, TypeError, KeyError, AttributeError)  # json's and TemplateError are ValueErrors
+
+
+def _damaged(what: str, where: str, exc: Exception) -> StoreError:
+    reason = " ".join(str(exc).split())[:120] or type(exc).__name__
+    return StoreError(f"{what} in the store at {where} is damaged ({reason}); the store needs repair: "
+                      "restore it from a backup")
+
+
+def _is_figures(value: object) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in value.values())
+
+
+@dataclass(frozen=True)
+class Promotion(Version):
+    """The version ``promote`` made production, and what the move replaced, both read in its transaction."""
+
+    previous_id: int | None = None  # production before the move
+    ended_canary_id: int | None = None  # the canary the move ended
+
+
+def _version_from_row(row: tuple, where: str) -> Version:
     id_, task, content_hash, template, parent_id, run_id, scores, latency, decision, created_at = row
-    decision = None if decision is None else json.loads(decision)
-    return Version(
-        id=id_, task=task, content_hash=content_hash, template=Template.from_dict(json.loads(template)),
-        parent_id=parent_id, run_id=run_id, scores=json.loads(scores), latency=json.loads(latency),
-        decision=None if decision is None else Decision(bool(decision["promote"]), tuple(decision["reasons"])),
-        created_at=created_at,
-    )
+    try:
+        scores, latency = json.loads(scores), json.loads(latency)
+        decision = None if decision is None else json.loads(decision)
+        if not (_is_figures(latency) and isinstance(scores, dict) and all(map(_is_figures, scores.values()))):
+            raise ValueError("scores or latency are not figures")
+        if not (all(isinstance(x, str) for x in (task, content_hash, created_at))
+                and isinstance(run_id, (str, type(None))) and isinstance(parent_id, (int, type(None)))):
+            raise ValueError("a column has the wrong type")
+        return Version(
+            id=id_, task=task, content_hash=content_hash, template=Template.from_dict(json.loads(template)),
+            parent_id=parent_id, run_id=run_id, scores=scores, latency=latency,
+            decision=None if decision is None else Decision(bool(decision["promote"]), tuple(decision["reasons"])),
+            created_at=created_at,
+        )
+    except _DECODE_ERRORS as exc:
+        raise _damaged(f"version {id_}", where, exc) from None
+
+
+def _canary_from_row(task: str, row: tuple, where: str) -> Canary:
+    try:
+        return Canary(row[0], row[1], tuple(json.loads(row[2])))
+    except _DECODE_ERRORS as exc:
+        raise _damaged(f"the canary of {task!r}", where, exc) from None
 
 
 def _finite_figures(figures: Mapping[str, Any], what: str) -> dict[str, float]:
@@ -281,6 +352,8 @@ class TemplateStore:
         self.url = url
         self.busy_timeout_s = busy_timeout_s
         self._lock = threading.RLock()
+        self._intact_through = (0, 0)  # (version id, label history seq) up to which every row decodes
+        self._read_only = False  # an SQLite store whose folder or file this process may not write
         scheme, sep, rest = url.partition("://")
         if sep and scheme in ("postgresql", "postgres"):
             self._dialect = _POSTGRESQL
@@ -315,6 +388,8 @@ class TemplateStore:
 
     def _open_sqlite(self, path: str, create: bool) -> sqlite3.Connection:
         """Open (and create, if allowed and missing) the store file; lock errors are raised as they are."""
+        if os.path.exists(path) and not (os.access(path, os.W_OK) and os.access(os.path.dirname(path), os.W_OK)):
+            return self._open_sqlite_read_only(path)
         # Look before writing anything: a read-only connection cannot change a file that is not ours.
         has_schema = os.path.exists(path) and os.path.getsize(path) > 0 and self._check_file_is_store(path)
         if not has_schema and not create:
@@ -331,6 +406,33 @@ class TemplateStore:
             conn.execute("PRAGMA foreign_keys = ON")
             if not has_schema:
                 self._create_schema(conn, path)
+            # Read once: only a connection that has read removes, when it closes last, the -wal and -shm
+            # files that the read-only look above created; a refused command then leaves the folder as it was.
+            conn.execute("SELECT 1 FROM meta").fetchall()
+        except sqlite3.Error as exc:
+            conn.close()
+            if _is_lock_error(exc):
+                raise
+            raise self._error(exc, path) from None
+        except StoreError:
+            conn.close()
+            raise
+        return conn
+
+    def _open_sqlite_read_only(self, path: str) -> sqlite3.Connection:
+        """A store in a folder (or a file) we may not write: it can be read, and nothing is created beside it.
+
+        SQLite reads a WAL store through its -shm file, which it cannot create here. With no -wal file nobody has
+        the store open, so it is read as immutable (a reader then sees no later change: reopen it for those);
+        a store open elsewhere has its -wal and -shm, and is read through them.
+        """
+        self._read_only = True
+        immutable = "" if os.path.exists(path + "-wal") else "&immutable=1"
+        conn = sqlite3.connect(f"file:{quote(path)}?mode=ro{immutable}", uri=True, timeout=self.busy_timeout_s,
+                               isolation_level=None, check_same_thread=False)
+        try:
+            if not self._is_store(conn, path):
+                raise StoreError(f"no store at {path}: check --store / the URL")
         except sqlite3.Error as exc:
             conn.close()
             if _is_lock_error(exc):
@@ -437,11 +539,15 @@ class TemplateStore:
     @contextmanager
     def _transaction(self) -> Iterator[Any]:
         """One write transaction; everything inside commits together or not at all."""
+        if self._read_only:
+            raise StoreError(f"the store at {self._path} is read-only here (this user may not write its file or "
+                             "folder): make both writable to change it; list, show, diff and route still read it")
         with self._lock:
             try:
                 try:
                     for statement in self._dialect.begin_write:
                         self._conn.execute(statement)
+                    self._refuse_if_damaged(self._conn)
                     yield self._conn
                     self._conn.execute("COMMIT")
                 finally:
@@ -449,6 +555,23 @@ class TemplateStore:
                         self._conn.execute("ROLLBACK")
             except self._db_error as exc:
                 raise self._error(exc) from None
+
+    def _refuse_if_damaged(self, conn: Any) -> None:
+        """No change on top of a row that does not decode (one written outside the store, or damaged on disk):
+        every write refuses until the store is repaired. Rows never change, so each is decoded once per store
+        object; under the write lock, so no row can appear meanwhile."""
+        version_id, seq = self._intact_through
+        try:
+            for row in conn.execute(f"SELECT {_VERSION_COLUMNS} FROM versions WHERE id > ? ORDER BY id",
+                                    (version_id,)).fetchall():
+                version_id = _version_from_row(row, self._path).id
+            for seq, task, *canary in conn.execute(
+                    "SELECT seq, task, version_id, share, ramp FROM label_history WHERE seq > ? AND label = 'canary'"
+                    " AND version_id IS NOT NULL ORDER BY seq", (seq,)).fetchall():
+                _canary_from_row(task, canary, self._path)
+        except StoreError as exc:
+            raise StoreError(f"cannot change the store: {exc}") from None
+        self._intact_through = (version_id, seq)
 
     def _query(self, sql: str, params: tuple = ()) -> list[tuple]:
         with self._lock:
@@ -481,8 +604,11 @@ class TemplateStore:
         decision: Decision | None = None,
     ) -> Version:
         """Append a new immutable version and return it."""
-        if not isinstance(task, str) or not task:
-            raise StoreError("a version needs a task name, e.g. 'risk'")
+        check_name(task, "task name", new=True)
+        if run_id is not None:
+            check_name(run_id, "run id", new=True)
+        if parent_id is not None:
+            check_id(parent_id)
         scores = scores or {}
         unknown = sorted(set(scores) - set(SPLITS))
         if unknown:
@@ -503,25 +629,31 @@ class TemplateStore:
                 " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
                 row,
             ).fetchone()
-        return _version_from_row((version_id, *row))
+        return _version_from_row((version_id, *row), self._path)
 
     def get_version(self, version_id: int) -> Version:
+        check_id(version_id)
         rows = self._query(f"SELECT {_VERSION_COLUMNS} FROM versions WHERE id = ?", (version_id,))
         if not rows:
             raise StoreError(f"no version {version_id} in the store at {self._path}; `tune-prompts store list` shows them")
-        return _version_from_row(rows[0])
+        return _version_from_row(rows[0], self._path)
 
     def get_template(self, version_id: int) -> Template:
         """A version's template alone: what serving needs, without decoding scores and the decision."""
+        check_id(version_id)
         rows = self._query("SELECT template FROM versions WHERE id = ?", (version_id,))
         if not rows:
             raise StoreError(f"no version {version_id} in the store at {self._path}; `tune-prompts store list` shows them")
-        return Template.from_dict(json.loads(rows[0][0]))
+        try:
+            return Template.from_dict(json.loads(rows[0][0]))
+        except _DECODE_ERRORS as exc:
+            raise _damaged(f"version {version_id}", self._path, exc) from None
 
     def list_versions(self, task: str) -> list[Version]:
         """A task's versions, oldest first; empty for an unknown task."""
+        check_name(task, "task name")
         rows = self._query(f"SELECT {_VERSION_COLUMNS} FROM versions WHERE task = ? ORDER BY id", (task,))
-        return [_version_from_row(row) for row in rows]
+        return [_version_from_row(row, self._path) for row in rows]
 
     def tasks(self) -> list[str]:
         # Sorted here: ORDER BY on text follows the database's collation, which differs between databases.
@@ -550,6 +682,8 @@ class TemplateStore:
     # --- labels ---
 
     def _version_for_task(self, conn: Any, task: str, version_id: int) -> tuple:
+        check_name(task, "task name")
+        check_id(version_id)
         row = conn.execute(f"SELECT {_VERSION_COLUMNS} FROM versions WHERE id = ?", (version_id,)).fetchone()
         if row is None:
             raise StoreError(f"no version {version_id} in the store at {self._path}; `tune-prompts store list {task}` shows them")
@@ -580,6 +714,8 @@ class TemplateStore:
 
     def label_target(self, task: str, label: str) -> int | None:
         """The id of the version ``label`` points at for ``task``, or None; one indexed lookup."""
+        check_name(task, "task name")
+        check_name(label, "label")
         rows = self._query(_CURRENT, (task, label))
         return rows[0][0] if rows else None
 
@@ -589,6 +725,7 @@ class TemplateStore:
 
     def labels(self, task: str) -> dict[str, int]:
         """Every label of ``task`` that points at a version now: label -> version id."""
+        check_name(task, "task name")
         rows = self._query(
             "SELECT h.label, h.version_id FROM label_history h JOIN"
             " (SELECT max(seq) AS seq FROM label_history WHERE task = ? GROUP BY label) newest ON newest.seq = h.seq",
@@ -596,13 +733,13 @@ class TemplateStore:
         )
         return {label: version_id for label, version_id in sorted(rows) if version_id is not None}
 
-    def promote(self, task: str, version_id: int, *, force: bool = False) -> Version:
+    def promote(self, task: str, version_id: int, *, force: bool = False) -> Promotion:
         """Make a version ``production`` and end any canary ramp, in one transaction.
 
         A version the gate refused (or never saw) needs ``force=True``; the move is recorded as forced.
         """
         with self._transaction() as conn:
-            version = _version_from_row(self._version_for_task(conn, task, version_id))
+            version = _version_from_row(self._version_for_task(conn, task, version_id), self._path)
             if not force and (version.decision is None or not version.decision.promote):
                 why = "was never gated" if version.decision is None else "was refused by the gate: " + "; ".join(
                     r for r in version.decision.reasons if r.startswith("fail"))
@@ -614,7 +751,8 @@ class TemplateStore:
             canary = conn.execute(_CURRENT, (task, "canary")).fetchone()
             if canary is not None and canary[0] is not None:
                 self._move(conn, task, "canary", None, "end-canary")
-        return version
+        return Promotion(**vars(version), previous_id=None if current is None else current[0],
+                         ended_canary_id=None if canary is None else canary[0])
 
     def rollback(self, task: str) -> Version:
         """Undo the newest promotion not yet undone: ``production`` returns to the version it held before.
@@ -622,6 +760,7 @@ class TemplateStore:
         The production history is a stack: each promotion pushes, each rollback pops. After promoting
         1, 2, 3, rollbacks go to 2, then 1, then fail; promoting 4 after that and rolling back returns to 1.
         """
+        check_name(task, "task name")
         with self._transaction() as conn:
             stack: list[int] = []
             for version_id, action in conn.execute(
@@ -636,7 +775,7 @@ class TemplateStore:
                 now = f"version {stack[-1]}" if stack else "nothing"
                 raise StoreError(f"cannot roll back {task!r}: production holds {now} and no earlier version to return to")
             self._move(conn, task, "production", stack[-2], "rollback")
-            return _version_from_row(self._version_for_task(conn, task, stack[-2]))
+            return _version_from_row(self._version_for_task(conn, task, stack[-2]), self._path)
 
     # --- canary routing ---
 
@@ -656,20 +795,22 @@ class TemplateStore:
         return canary
 
     def canary(self, task: str) -> Canary | None:
+        check_name(task, "task name")
         rows = self._query(_CURRENT, (task, "canary"))
         row = rows[0] if rows else None
         if row is None or row[0] is None:
             return None
-        return Canary(row[0], row[1], tuple(json.loads(row[2])))
+        return _canary_from_row(task, row, self._path)
 
     def advance_canary(self, task: str) -> Canary:
         """Move the canary's share to the next step of its ramp."""
+        check_name(task, "task name")
         with self._transaction() as conn:
             row = conn.execute(_CURRENT, (task, "canary")).fetchone()
             if row is None or row[0] is None:
                 raise StoreError(f"task {task!r} has no canary to advance; start one with set_canary (route --canary)")
             try:
-                canary = Canary(row[0], row[1], tuple(json.loads(row[2]))).advance()
+                canary = _canary_from_row(task, row, self._path).advance()
             except ValueError as exc:
                 raise StoreError(str(exc)) from None
             self._move(conn, task, "canary", canary.version_id, "advance", canary)
@@ -677,6 +818,7 @@ class TemplateStore:
 
     def end_canary(self, task: str) -> None:
         """Send every caller to production again."""
+        check_name(task, "task name")
         with self._transaction() as conn:
             row = conn.execute(_CURRENT, (task, "canary")).fetchone()
             if row is None or row[0] is None:
