@@ -8,7 +8,6 @@ text, template files, task files, data files and store arguments through ``main(
 
 import io
 import json
-import os
 import tempfile
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
