@@ -258,6 +258,9 @@ class Template:
         variables = data.get("variables")
         if variables is None:
             variables = tuple(dict.fromkeys(parse(data["text"])[1]))
+        elif not isinstance(variables, (list, tuple)):
+            raise TemplateError(f"template record: 'variables' must be a list of names such as [text], "
+                                f"not {type(variables).__name__}")
         return cls(data["text"], tuple(variables), constraints, decision)
 
 

@@ -62,6 +62,8 @@ OWNED_ELSEWHERE = (
     "TypeError: '<' not supported between instances of 'NoneType' and 'str'",
     # templates/store.py: `store label risk risk 99999999999999999999`, a version id past SQLite's 64 bits
     "OverflowError: Python int too large to convert to SQLite INTEGER",
+    # pipelines/cli_store.py: `store show ²`, which str.isdigit() passes and int() refuses
+    "ValueError: invalid literal for int() with base 10",
 )
 
 
@@ -288,6 +290,7 @@ def test_any_data_file(folder, data, fmt):
 
 
 PASSED = Decision(True, ("pass",))
+REFUSED_REASON = "fail"  # with a terminal escape it shows in stderr: test_store_output_escapes_stored_text
 
 
 @pytest.fixture
@@ -297,7 +300,7 @@ def store_file():
         with TemplateStore(f"sqlite:///{path}") as store:
             v1 = store.add_version("risk", Template.from_text("Classify {text}"), decision=PASSED)
             store.add_version("risk", Template.from_text("Classify \x1b[31m{text}\n--- forged"), parent_id=v1.id,
-                              decision=Decision(False, ("fail\x1b[2J",)))
+                              decision=Decision(False, (REFUSED_REASON,)))
             store.promote("risk", v1.id)
         yield path
 
@@ -340,3 +343,6 @@ def test_store_output_escapes_stored_text(store_file):
     for argv in (("show", "2"), ("diff", "1", "2"), ("list", "risk")):
         code, out, err = run("store", *argv, "--store", f"sqlite:///{store_file}")
         assert code == 0 and "\x1b" not in out, (argv, out)
+    with TemplateStore(f"sqlite:///{store_file}") as store:
+        store.add_version("risk", Template.from_text("Guess {text}"), decision=Decision(False, ("fail\x1b[2J",)))
+    check(*run("store", "promote", "risk", "3", "--store", f"sqlite:///{store_file}"))  # the gate's reason, escaped

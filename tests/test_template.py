@@ -125,6 +125,11 @@ def test_regex_constraint_on_a_value_with_a_lone_surrogate():
     assert "does not match" in Constraint("text", "regex", "[a-z]*").violation("x\ud800y")
 
 
+def test_a_record_whose_variables_are_not_a_list_is_refused():
+    with pytest.raises(TemplateError, match="'variables' must be a list"):
+        Template.from_dict({"text": "", "variables": False})
+
+
 def test_round_trip_through_dict():
     t = Template("{category}: {text}", ("category", "text"), (Constraint("category", "in", ["a", "b"]),))
     again = Template.from_dict(t.to_dict())
