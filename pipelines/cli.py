@@ -10,6 +10,7 @@
     tune-prompts schedule --task risk ...    submit check-and-tune jobs to a Ray cluster on a cron schedule
 
 Every command exits 0 on success, 2 on bad input (with one line saying what to fix), 1 on a failure.
+An unexpected exception is also one line and exit 2; ``--debug`` (or TUNE_PROMPTS_DEBUG=1) shows its traceback.
 
 The module is long because it holds every command's flags, help and printed tables in one place, so that the
 whole command-line surface reads together; the work behind each command lives elsewhere (``store`` in
@@ -22,8 +23,10 @@ import argparse
 import json
 import logging
 import os
+import re
 import sys
 import time
+import traceback
 import warnings
 from pathlib import Path
 from typing import Sequence
@@ -38,8 +41,9 @@ from pipelines.schedule import CronError, ScheduleError
 from rewards.judge import JudgeError
 from templates.decision import DecisionError
 from templates.store import StoreError, default_store_url
-from templates.template import Template, TemplateError
+from templates.template import Template, TemplateError, constraints_from_spec
 
+MAX_RENDER_EXAMPLES = 1000
 USER_ERRORS = (ConfigError, DataError, TemplateError, DecisionError, ModelLoadError, JudgeError, StoreError, FileExistsError, FileNotFoundError,
                EndpointError, CronError, ScheduleError)
 
@@ -57,30 +61,55 @@ def quiet_libraries() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
 
 
+# C0 and C1 controls, DEL, lone surrogates, line/paragraph separators and bidi overrides: what data can hold that
+# would move the cursor, colour the terminal, forge a table row, reorder text or fail to encode when printed.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def escape(text: str, keep: str = "") -> str:
+    """``text`` with unprintable characters (but those in ``keep``) written as Python escapes: \\x1b, \\n, \\udc80."""
+    return _UNPRINTABLE.sub(lambda m: m.group() if m.group() in keep else repr(m.group())[1:-1], text)
+
+
+def one_line(message: str, limit: int) -> str:
+    """An error message as one escaped line of at most ``limit`` characters."""
+    message = escape(message)
+    return message if len(message) <= limit else message[: limit - 3] + "..."
+
+
 def table(rows: list[dict], columns: Sequence[str] | None = None) -> str:
-    """A plain aligned text table."""
+    """A plain aligned text table; every cell is one escaped line, so data cannot forge rows or colours."""
     if not rows:
         return "(none)"
     columns = list(columns or rows[0])
+    headers = [_fmt(c) for c in columns]
     cells = [[_fmt(r.get(c, "")) for c in columns] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    widths = [max(len(h), *(len(row[i]) for row in cells)) for i, h in enumerate(headers)]
     line = lambda values: "  ".join(v.ljust(w) for v, w in zip(values, widths)).rstrip()  # noqa: E731
-    return "\n".join([line(columns), line(["-" * w for w in widths]), *map(line, cells)])
+    return "\n".join([line(headers), line(["-" * w for w in widths]), *map(line, cells)])
 
 
 def _fmt(value) -> str:
     if isinstance(value, float):
         return f"{value:.3f}"
-    return str(value)
+    return escape(str(value))
 
 
 def read_template_file(path: str, task: TaskConfig) -> Template:
-    """A template from a file: YAML record (text, variables, constraints) or plain template text."""
+    """A template from a file: YAML record (text, variables, constraints, decision) or plain template text.
+
+    The task's constraints on its input hold for a template from a file too; a record's own constraints add to them.
+    """
     file = Path(path)
     if file.suffix in (".yaml", ".yml"):
         template = Template.from_dict(load_yaml_mapping(file, "template file"))
     elif file.is_file():
-        template = task.make_template(file.read_text(encoding="utf-8").rstrip("\n"))
+        try:
+            text = file.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"template file {path!r} is not UTF-8 text (byte {exc.start} is not valid UTF-8): "
+                              "save it as UTF-8") from None
+        template = Template.from_text(text.rstrip("\n"))
     else:
         raise ConfigError(f"template file {path!r} does not exist")
     if template.variables != (task.input_variable,):
@@ -88,7 +117,9 @@ def read_template_file(path: str, task: TaskConfig) -> Template:
             f"template in {path} declares {list(template.variables)}; task {task.name!r} fills only "
             f"{{{task.input_variable}}}"
         )
-    return template
+    task_constraints = tuple(constraints_from_spec(task.template.constraints))
+    return Template(template.text, template.variables, tuple(dict.fromkeys(task_constraints + template.constraints)),
+                    template.decision)
 
 
 # --- commands ---------------------------------------------------------------------------------
@@ -137,11 +168,13 @@ def cmd_render(args) -> int:
     if args.json:
         print(json.dumps({"task": task.name, "template": template.to_dict(), "examples": rendered}, indent=2))
         return 0
-    print(f"task {task.name}: template ({len(template.text)} characters, variables {list(template.variables)})")
-    print("  " + template.text.replace("\n", "\n  "))
+    # Data and template text are printed as they are, line breaks and tabs included, but escaped where they hold
+    # terminal escapes or lone surrogates (which JSON data can carry and printing cannot encode).
+    print(f"task {escape(task.name)}: template ({len(template.text)} characters, variables {list(template.variables)})")
+    print("  " + escape(template.text, keep="\n\t").replace("\n", "\n  "))
     for i, item in enumerate(rendered, 1):
-        print(f"\n--- example {i} of the {args.split} split (label: {item['label']}) ---")
-        print(item["prompt"])
+        print(f"\n--- example {i} of the {args.split} split (label: {escape(str(item['label']))}) ---")
+        print(escape(item["prompt"], keep="\n\t"))
     return 0
 
 
@@ -445,8 +478,26 @@ def cmd_schedule(args) -> int:
     return 0
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with a usage error in one line (still exit 2); the subcommands' parsers are of this class too."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {one_line(message, 300)}; see {self.prog} --help\n")
+
+
+def example_count(text: str) -> int:
+    """render's -n: a whole number from 1 to MAX_RENDER_EXAMPLES."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a whole number") from None
+    if not 1 <= n <= MAX_RENDER_EXAMPLES:
+        raise argparse.ArgumentTypeError(f"{n} is out of range: give 1 to {MAX_RENDER_EXAMPLES}")
+    return n
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="tune-prompts",
         description="Tune LLM prompt templates with reinforcement learning. "
         "With --task and no command, runs the tuning job.",
@@ -454,6 +505,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="examples:\n  tune-prompts --task risk\n  tune-prompts tasks\n  tune-prompts render --task risk -n 3\n"
         "  tune-prompts eval --task risk --split test",
     )
+    parser.add_argument("--debug", action="store_true",
+                        help="show the traceback of an unexpected error (also TUNE_PROMPTS_DEBUG=1)")
     parser.add_argument("--task", help=f"the task to tune: a built-in ({', '.join(builtin_tasks())}) or a task YAML file")
     tuning = parser.add_argument_group("tuning (with --task and no command)")
     tuning.add_argument("--steps", type=int, default=4, help="PPO steps (default 4)")
@@ -493,7 +546,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task", required=True, help=f"a built-in task ({', '.join(builtin_tasks())}) or a task YAML file")
     p.add_argument("--template", help="a template file (YAML record or plain text); default: the task's seed template")
     p.add_argument("--split", default="dev", choices=["train", "dev", "test"])
-    p.add_argument("-n", type=int, default=3, help="how many examples (default 3)")
+    p.add_argument("-n", type=example_count, default=3, help=f"how many examples, 1 to {MAX_RENDER_EXAMPLES} (default 3)")
     p.add_argument("--chat", action="store_true", help="wrap each prompt in the target model's chat template")
     p.add_argument("--model", default=None, help="model whose chat template --chat uses (default: the embedded one)")
     p.add_argument("--json", action="store_true")
@@ -561,16 +614,28 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     quiet_libraries()
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv)  # a usage error exits 2 and --help 0 from here, as argparse does
     if args.command is None:
         if not args.task:
             parser.print_help()
+            print("error: give a COMMAND, or --task TASK to tune", file=sys.stderr)
             return 2
         args.func = cmd_tune
     try:
         return args.func(args)
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 2
     except USER_ERRORS as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {one_line(str(exc), 500)}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # a bug, or input no check foresaw: one line, unless asked for the traceback
+        if args.debug or os.environ.get("TUNE_PROMPTS_DEBUG") == "1":
+            traceback.print_exc()
+        else:
+            first = str(exc).split("\n", 1)[0]
+            print(f"error: {type(exc).__name__}: {one_line(first, 200)}; rerun with --debug for the traceback",
+                  file=sys.stderr)
         return 2
 
 

@@ -7,13 +7,20 @@ policy model, so it is untrusted: parsing accepts only bare identifiers inside b
 template is built. Rendering is a single pass that joins literal segments with the
 caller's values; a value is inserted as-is and never scanned for placeholders again,
 so neither the template nor a value can make the renderer evaluate anything.
+
+A ``regex`` constraint runs on RE2 (linear time in the value's length, whatever the pattern), so a pattern
+such as ``(a+)+$`` cannot stall rendering. RE2 has no backreferences or lookaround, and its ``\\d``, ``\\w``
+and ``\\b`` are ASCII-only; a pattern using an unsupported feature is refused when the constraint is built.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
+
+import re2
 
 from templates.decision import DecisionError, DecisionRule
 
@@ -27,6 +34,17 @@ MAX_TEMPLATE_CHARS = 20_000
 
 class TemplateError(ValueError):
     """A template or a rendering request is not acceptable; the message names the fix."""
+
+
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False  # RE2 would also write each refused pattern to stderr
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+@functools.lru_cache(maxsize=256)
+def _compile_regex(pattern: str):
+    """A pattern compiled once per process (a Constraint holds only the text, so it pickles and compares as before)."""
+    return re2.compile(pattern, _RE2_OPTIONS)
 
 
 CONSTRAINT_OPS = ("in", "regex", "max_chars")
@@ -55,11 +73,15 @@ class Constraint:
                 raise TemplateError(f"constraint on {self.variable!r}: 'in' needs a list of allowed values")
             object.__setattr__(self, "arg", tuple(str(v) for v in self.arg))
         elif self.op == "regex":
-            try:
-                re.compile(str(self.arg))
-            except re.error as exc:
-                raise TemplateError(f"constraint on {self.variable!r}: bad regular expression {self.arg!r}: {exc}") from None
             object.__setattr__(self, "arg", str(self.arg))
+            try:
+                _compile_regex(self.arg)
+            except (re2.error, UnicodeEncodeError) as exc:  # UnicodeEncodeError: a lone surrogate
+                reason = exc.args[0].decode("utf-8", "replace") if exc.args and isinstance(exc.args[0], bytes) else exc
+                raise TemplateError(
+                    f"constraint on {self.variable!r}: bad regular expression {self.arg[:80]!r}: {reason}; write it "
+                    "in RE2 syntax (no backreferences or lookaround, repetition counts up to 1000)"
+                ) from None
         elif self.op == "max_chars":
             if not isinstance(self.arg, int) or isinstance(self.arg, bool) or self.arg < 0:
                 raise TemplateError(f"constraint on {self.variable!r}: 'max_chars' needs a non-negative integer")
@@ -68,7 +90,8 @@ class Constraint:
         """The reason ``value`` breaks this constraint, or None when it holds."""
         if self.op == "in" and value not in self.arg:
             return f"{self.variable}={value[:40]!r} is not one of {list(self.arg)}"
-        if self.op == "regex" and re.fullmatch(self.arg, value) is None:
+        # RE2 matches UTF-8, which has no lone surrogates (JSON data may carry them): those match as U+FFFD.
+        if self.op == "regex" and _compile_regex(self.arg).fullmatch(_SURROGATE.sub("\ufffd", value)) is None:
             return f"{self.variable}={value[:40]!r} does not match /{self.arg}/"
         if self.op == "max_chars" and len(value) > self.arg:
             return f"{self.variable} has {len(value)} characters, more than {self.arg}"
@@ -235,6 +258,9 @@ class Template:
         variables = data.get("variables")
         if variables is None:
             variables = tuple(dict.fromkeys(parse(data["text"])[1]))
+        elif not isinstance(variables, (list, tuple)):
+            raise TemplateError(f"template record: 'variables' must be a list of names such as [text], "
+                                f"not {type(variables).__name__}")
         return cls(data["text"], tuple(variables), constraints, decision)
 
 

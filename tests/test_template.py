@@ -101,6 +101,35 @@ def test_bad_constraint_specs():
         Template("{text}", ("text",), (Constraint("other", "max_chars", 3),))
 
 
+def test_regex_constraint_runs_in_linear_time():
+    # Python's re backtracks about 2**26 times on the first (seconds; each extra "a" doubles it); RE2 never backtracks.
+    t = Template("{text}", ("text",), (Constraint("text", "regex", "(a+)+$"),))
+    for length in (26, 100_000):
+        start = time.perf_counter()
+        with pytest.raises(TemplateError, match="does not match"):
+            t.render(text="a" * length + "b")
+        assert time.perf_counter() - start < 0.5
+    assert t.render(text="aaaa") == "aaaa"
+
+
+@pytest.mark.parametrize("pattern, feature", [(r"(a)\1", r"\\1"), ("(?=a)a", r"\(\?="), ("(?<!x)y", r"\(\?<!"),
+                                              ("a{1001}", "repetition"), ("\ud800", "surrogate")])
+def test_regex_features_re2_lacks_are_refused_by_name(pattern, feature):
+    with pytest.raises(TemplateError, match=f"bad regular expression.*{feature}.*RE2 syntax"):
+        Constraint("text", "regex", pattern)
+
+
+def test_regex_constraint_on_a_value_with_a_lone_surrogate():
+    # JSON data can carry "\ud800"; RE2 sees it as U+FFFD instead of failing to encode it.
+    assert Constraint("text", "regex", ".*").violation("x\ud800y") is None
+    assert "does not match" in Constraint("text", "regex", "[a-z]*").violation("x\ud800y")
+
+
+def test_a_record_whose_variables_are_not_a_list_is_refused():
+    with pytest.raises(TemplateError, match="'variables' must be a list"):
+        Template.from_dict({"text": "", "variables": False})
+
+
 def test_round_trip_through_dict():
     t = Template("{category}: {text}", ("category", "text"), (Constraint("category", "in", ["a", "b"]),))
     again = Template.from_dict(t.to_dict())
