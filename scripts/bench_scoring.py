@@ -25,6 +25,7 @@ Then the greedy answers (what ``instruction_following`` and an answer decision r
 Both must give the same text for every pair; the script checks it.
 
     .venv/bin/python scripts/bench_scoring.py [--examples 60] [--templates 6] [--threads 2] [--rounds 2]
+    .venv/bin/python scripts/bench_scoring.py --answers-only [--examples 60] [--templates 6]
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=64, help="examples per forward pass of the scorer")
     parser.add_argument("--rounds", type=int, default=2, help="timed rounds; each template's fastest counts")
+    parser.add_argument("--answers-only", action="store_true", help="only the greedy answers against model.generate")
     args = parser.parse_args()
 
     import numpy as np
@@ -110,6 +112,9 @@ def main() -> int:
             total -= (tokens - last_layer_tokens) * (per_layer - kv_share + 4 * d * context)
         return total
 
+    if args.answers_only:
+        bench_answers(lm, task, templates, texts, args)
+        return 0
     scorer = LabelScorer(lm, verbalizers, batch_size=args.batch_size)
     # Per template and method, the fastest of --rounds rounds: this machine is shared, and a busy neighbour
     # slows the naive way (two threads in lockstep on every operation) more than the scorer's independent
