@@ -66,7 +66,9 @@ def test_eval_through_the_endpoint_scores_every_component(server, small_task, ca
     report = json.loads(capsys.readouterr().out)
     assert report["examples"] == 24 and report["valid"]
     assert 0.0 <= report["metrics"]["roc_auc"] <= 1.0 and report["decision_threshold"] is not None
-    assert set(report["judge"]) == set(load_task("risk").judge.rubrics)  # the same server judged (shared scorer)
+    assert set(report["judge"]) == set(load_task("risk").judge.all_rubrics)  # the same server judged (shared scorer)
+    kept, answered = report["rates"]["instruction_following"]["kept"], report["rates"]["instruction_following"]["of"]
+    assert answered == 24 and 0 <= kept <= 24  # the server's greedy answers, parsed by the contract
     assert all(v is not None for v in report["reward"]["components"].values())
     assert report["latency_ms"]["p95"] >= report["latency_ms"]["p50"] > 0  # timed by the endpoint scorer
     endpoint = report["target_endpoint"]

@@ -212,7 +212,8 @@ def test_endpoint_scores_match_the_in_process_scorer_on_real_risk_examples():
         got = endpoint.score(LOWERCASE_TEMPLATE, texts)
     assert endpoint.stats.as_dict() | {"seconds": 0, "request_ms_p50": 0, "request_ms_p95": 0} == {
         "mode": "logprobs", "pairs_scored": 24, "pairs_cached": 0, "requests": 24, "retries": 0, "timeouts": 0,
-        "errors": 0, "labels_floored": 0, "answers_unmapped": 0, "seconds": 0, "request_ms_p50": 0, "request_ms_p95": 0,
+        "errors": 0, "labels_floored": 0, "answers_unmapped": 0, "answers_generated": 0, "seconds": 0,
+        "request_ms_p50": 0, "request_ms_p95": 0,
     }
     # Both pool each verbalizer's capitalisations; the server names only its top 20 tokens, so a rare form
     # (" YES") can be missing there: measured differences up to 0.01 in log-probs.
