@@ -98,7 +98,7 @@ class TemplateReader:
         texts = [str(values[variable])]
         if rule.kind == "answer":
             (answer,) = target.answer(template, texts, rule.max_new_tokens, rule.contract.complete)
-            (row,) = target.score(template, texts)  # computed with the answer's first token: no extra pass
+            (row,) = target.score(template, texts)  # in-process: cached by the answer's first pass
             parsed = rule.parse(answer.text, truncated=answer.truncated)
             return Prediction(parsed.value if parsed.ok else None, version_id, dict(zip(rule.labels, map(float, row))),
                               answer.text, parsed.reason)

@@ -402,13 +402,21 @@ class TemplateStore:
             if _is_lock_error(exc):
                 raise
             raise self._error(exc, path) from None
-        try:
+        with self._closed_on_error(conn, path):
             conn.execute("PRAGMA foreign_keys = ON")
             if not has_schema:
                 self._create_schema(conn, path)
             # Read once: only a connection that has read removes, when it closes last, the -wal and -shm
             # files that the read-only look above created; a refused command then leaves the folder as it was.
             conn.execute("SELECT 1 FROM meta").fetchall()
+        return conn
+
+    @contextmanager
+    def _closed_on_error(self, conn: sqlite3.Connection, path: str):
+        """Close ``conn`` if the block fails: lock errors go up as they are (the caller retries), other SQLite
+        errors as a StoreError naming the file."""
+        try:
+            yield
         except sqlite3.Error as exc:
             conn.close()
             if _is_lock_error(exc):
@@ -417,7 +425,6 @@ class TemplateStore:
         except StoreError:
             conn.close()
             raise
-        return conn
 
     def _open_sqlite_read_only(self, path: str) -> sqlite3.Connection:
         """A store in a folder (or a file) we may not write: it can be read, and nothing is created beside it.
@@ -430,17 +437,9 @@ class TemplateStore:
         immutable = "" if os.path.exists(path + "-wal") else "&immutable=1"
         conn = sqlite3.connect(f"file:{quote(path)}?mode=ro{immutable}", uri=True, timeout=self.busy_timeout_s,
                                isolation_level=None, check_same_thread=False)
-        try:
+        with self._closed_on_error(conn, path):
             if not self._is_store(conn, path):
                 raise StoreError(f"no store at {path}: check --store / the URL")
-        except sqlite3.Error as exc:
-            conn.close()
-            if _is_lock_error(exc):
-                raise
-            raise self._error(exc, path) from None
-        except StoreError:
-            conn.close()
-            raise
         return conn
 
     def _check_file_is_store(self, path: str) -> bool:
