@@ -1,11 +1,11 @@
 """Benchmark the template store's serving path on a temporary SQLite store.
 
-    python scripts/bench_store.py [--calls 100000] [--promotions 20]
+    python scripts/bench_store.py [--calls 100000] [--loads 200] [--promotions 20]
 
 Prints p50/p99 of a cached lookup+render, of a routing decision, of the first lookup after a
-change (the "hot load": change-counter and label queries, plus fetch and compile for a version
-the reader has not seen), and the time from a promotion in one process to its
-visibility in a reader in another process, each next to its target.
+label move (the "hot load": the query for label moves, which brings the version's template
+record along, plus compiling it for a version the reader has not seen), and the time from a
+promotion in one process to its visibility in a reader in another process, each next to its target.
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ def report(name: str, samples: list[float], unit: str, target: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=100_000, help="timed calls per hot-path figure")
+    parser.add_argument("--loads", type=int, default=200, help="hot loads to time, of each kind")
     parser.add_argument("--promotions", type=int, default=20, help="cross-process promotions to time")
     args = parser.parse_args()
 
@@ -78,7 +79,7 @@ def main() -> None:
         print(f"store benchmark: SQLite {sqlite3.sqlite_version}, Python {sys.version.split()[0]}, "
               f"template {len(TEXT)} chars / 3 variables")
 
-        reader = TemplateReader(url)  # the default refresh_s=0.2
+        reader = TemplateReader(url)  # the default refresh_s
         reader.render("risk", VALUES)
         report("cached lookup+render (production)", timed_us(lambda: reader.render("risk", VALUES), args.calls),
                "us", "aim: p99 < 20 us")
@@ -90,11 +91,14 @@ def main() -> None:
         report("routing decision (takes_canary)", timed_us(lambda: takes_canary("risk", next(it), 0.05), args.calls),
                "us", "(part of for_caller)")
 
-        # The first lookup after a change: change-counter query and label query, plus fetching and
-        # compiling the template when the label now points at a version this reader has not seen.
+        # The first lookup after a label move: the query for moves, plus compiling the template
+        # when the label now points at a version this reader has not seen.
         cold = TemplateReader(url, refresh_s=1e-9)
+        for version in (v2, v1):  # so that the label is cached and both versions are seen before the timing
+            store.set_label("risk", "staging", version.id)
+            cold.get("risk", "staging")
         seen, unseen = [], []
-        for i in range(200):
+        for i in range(args.loads):
             store.set_label("risk", "staging", v1.id if i % 2 else v2.id)
             seen += timed_us(lambda: cold.get("risk", "staging"), 1)
             new = store.add_version("risk", Template.from_text(f"{TEXT} ({i})"), decision=passed)
@@ -103,13 +107,17 @@ def main() -> None:
         report("hot load: label moved, seen version", seen, "us", "design anchor: < 80 us")
         report("hot load: label moved, new version", unseen, "us", "design anchor: < 80 us")
 
-        # Promotion in another process -> visible to this process's reader (default refresh_s=0.2).
+        # Promotion in another process -> visible to this process's reader (the default refresh_s).
         child = subprocess.Popen([sys.executable, "-c", PROMOTER, url], stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, text=True, env={"PYTHONPATH": str(REPO)})
         visible_ms = []
         for _ in range(args.promotions):
-            time.sleep(random.uniform(0, 0.2))  # land promotions at random points of the refresh cycle
+            # A busy service (a lookup every 0.2 ms) receives the promotion at a random point of its refresh cycle.
+            until = time.monotonic() + random.uniform(0, 0.2)
             before = reader.get("risk").text
+            while time.monotonic() < until:
+                reader.get("risk")
+                time.sleep(0.0002)
             child.stdin.write("go\n")
             child.stdin.flush()
             while reader.get("risk").text == before:
@@ -118,7 +126,7 @@ def main() -> None:
             visible_ms.append((seen_ns - int(child.stdout.readline())) / 1e6)
         child.stdin.close()
         child.wait(timeout=30)
-        report("promotion -> visible (other process)", visible_ms, "ms", "target: < 1000 ms")
+        report("promotion -> visible (other process)", visible_ms, "ms", "target: < 100 ms")
         reader.close()
         cold.close()
         store.close()

@@ -8,13 +8,23 @@ The held-out figures a version records were computed the same way.
 Two caches. Compiled templates are kept by version id for the reader's lifetime: versions never
 change, so these never go stale, and a promotion or rollback to a version the reader has seen
 costs no recompiling. Which version each label (and the canary) points at is kept per task and
-label, and dropped when the store's change counter moves.
+label, and updated from the store's label history.
 
-Freshness: on access, at most once every ``refresh_s`` (monotonic clock), the reader reads that
-counter (one indexed ``max(seq)`` query); between checks a lookup is a clock read and two dict
-lookups. Checking on access rather than from a background thread needs no thread to start, stop
-or fork around, costs nothing for an idle reader, and a reader nobody asks has nobody to serve a
-stale template to. With the default 0.2 s a change is visible within 0.2 s plus one query.
+Freshness: on access, at most once every ``refresh_s`` (monotonic clock), the reader asks for the
+label moves newer than the newest it has seen (``TemplateStore.label_moves``: one range query on
+the history's key, which finds no rows when nothing moved) and applies them in order. A cached
+label takes its new version id, and a version new to the reader is compiled from the template
+record that came with the move, so the first lookup after a move makes no further query; a moved
+canary is read again, with its share and ramp, when next asked for; labels the reader has not
+been asked for are left alone. Between checks a lookup is a clock read and two dict lookups.
+Checking on access rather than from a background thread needs no thread to start, stop or fork
+around, costs nothing for an idle reader, and a reader nobody asks has nobody to serve a stale
+template to. With the default 0.05 s a lookup made 0.05 s after a change sees it; a busy reader
+pays one (usually empty) query per 0.05 s for that.
+
+Applying moves rather than dropping the cache is exact: the history is append-only, a label's
+current version is its newest row, and writers commit their moves in seq order (each takes the
+write lock), so every move not yet applied has a seq above the newest one applied.
 
 A reader never sees a half-written version: every store write is one transaction, and a
 reader's query sees the store either before or after it (SQLite's WAL gives each read a snapshot;
@@ -52,18 +62,18 @@ class TemplateReader:
     Create it after forking worker processes: a database connection must not cross a fork.
     """
 
-    def __init__(self, store_url: str, refresh_s: float = 0.2, *, busy_timeout_s: float = 5.0) -> None:
+    def __init__(self, store_url: str, refresh_s: float = 0.05, *, busy_timeout_s: float = 5.0) -> None:
         if not refresh_s > 0:
-            raise ValueError(f"refresh_s={refresh_s} must be > 0 seconds, e.g. 0.2")
+            raise ValueError(f"refresh_s={refresh_s} must be > 0 seconds, e.g. 0.05")
         self._store = TemplateStore(store_url, busy_timeout_s=busy_timeout_s, create=False)
         self._refresh_s = refresh_s
-        self._next_check_s = 0.0  # monotonic time of the next change-counter check
-        self._generation: int | None = None
+        self._next_check_s = 0.0  # monotonic time of the next check for label moves
+        self._seen_seq: int | None = None  # the newest label move applied to the caches
         self._compiled: dict[int, Template] = {}  # version id -> template; never stale
-        self._label_ids: dict[tuple[str, str], int] = {}  # (task, label) -> version id; dropped on change
-        self._canaries: dict[str, Canary] = {}  # task -> canary or _NO_CANARY; dropped on change
-        # Refreshes and loads take the lock so that a load begun before a change cannot put its
-        # stale result into the cache after the refresh emptied it. Cached lookups do not take it.
+        self._label_ids: dict[tuple[str, str], int] = {}  # (task, label) -> version id; updated on a move
+        self._canaries: dict[str, Canary] = {}  # task -> canary or _NO_CANARY; dropped when it moves
+        # Refreshes and loads take the lock so that a load begun before a move cannot put its
+        # stale result into the cache after the refresh applied the move. Cached lookups do not take it.
         self._lock = threading.Lock()
 
     def get(self, task: str, label: str = "production") -> Template:
@@ -146,11 +156,24 @@ class TemplateReader:
 
     def _refresh(self) -> None:
         with self._lock:
-            generation = self._store.generation()
-            if generation != self._generation:
-                # New dicts rather than clear(): a lookup running now keeps a consistent old one.
-                self._label_ids, self._canaries = {}, {}
-                self._generation = generation
+            if self._seen_seq is None:  # the first check, before anything is cached
+                self._seen_seq = self._store.generation()
+            else:
+                for seq, task, label, version_id, record in self._store.label_moves(self._seen_seq):
+                    # Only what is cached is updated; other labels are read when first asked for.
+                    if (task, label) in self._label_ids:
+                        if version_id is not None and version_id not in self._compiled:
+                            try:
+                                self._compiled[version_id] = self._store.decode_template(version_id, record)
+                            except StoreError:  # a damaged record: forgotten, so that the label's next
+                                version_id = None  # lookup reads it again and raises the error naming it
+                        if version_id is None:
+                            del self._label_ids[task, label]
+                        else:
+                            self._label_ids[task, label] = version_id
+                    if label == "canary":
+                        self._canaries.pop(task, None)
+                    self._seen_seq = seq
             self._next_check_s = monotonic() + self._refresh_s
 
     def _compile(self, version_id: int) -> Template:

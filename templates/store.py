@@ -13,8 +13,9 @@ Layout (the same on SQLite and PostgreSQL, opened by URL: ``sqlite:///PATH`` or
 * ``label_history``: every label move ever made, also append-only. A label's current version is
   its newest row (``version_id`` NULL means the label was removed; only the canary is removed,
   by ``end_canary`` or when a promotion ends its ramp). Canary rows also carry the traffic share and the ramp.
-  Because nothing else changes, ``max(seq)`` of this table is the change counter readers poll:
-  it rises in the same transaction as the move it counts and cannot drift from it.
+  Because nothing else changes, ``max(seq)`` of this table is the store's change counter, and the rows
+  above the seq a reader has seen are exactly the moves it has missed (``label_moves``): they commit
+  in the same transaction as the move and cannot drift from it.
 
 Labels ``production`` and ``canary`` move only through ``promote``/``rollback`` and
 ``set_canary``/``advance_canary``/``end_canary``, so each has one way to change and the
@@ -643,8 +644,12 @@ class TemplateStore:
         rows = self._query("SELECT template FROM versions WHERE id = ?", (version_id,))
         if not rows:
             raise StoreError(f"no version {version_id} in the store at {self._path}; `tune-prompts store list` shows them")
+        return self.decode_template(version_id, rows[0][0])
+
+    def decode_template(self, version_id: int, record: Any) -> Template:
+        """Version ``version_id``'s template from its stored record; a record that does not decode is a StoreError."""
         try:
-            return Template.from_dict(json.loads(rows[0][0]))
+            return Template.from_dict(json.loads(record))
         except _DECODE_ERRORS as exc:
             raise _damaged(f"version {version_id}", self._path, exc) from None
 
@@ -825,5 +830,14 @@ class TemplateStore:
             self._move(conn, task, "canary", None, "end-canary")
 
     def generation(self) -> int:
-        """A number that rises with every label or canary change; readers compare it to spot changes."""
+        """A number that rises with every label or canary change: the newest move's seq (0 before any)."""
         return self._query("SELECT coalesce(max(seq), 0) FROM label_history")[0][0]
+
+    def label_moves(self, after_seq: int) -> list[tuple[int, str, str, int | None, str | None]]:
+        """Every label move newer than seq ``after_seq`` (a ``generation()``), oldest first, as (seq, task, label,
+        version id or None where the label was removed, that version's template record for ``decode_template``).
+        One range query on the history's key, which finds no rows when nothing moved: readers poll it and update
+        their caches in place, and compile a version new to them without asking again."""
+        return self._query(
+            "SELECT h.seq, h.task, h.label, h.version_id, v.template FROM label_history h"
+            " LEFT JOIN versions v ON v.id = h.version_id WHERE h.seq > ? ORDER BY h.seq", (after_seq,))

@@ -2,6 +2,7 @@
 on SQLite and PostgreSQL (the ``backend`` fixture in conftest.py)."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -153,6 +154,101 @@ def test_a_promotion_in_another_process_is_visible_within_a_second(url):
     assert child.stdout.readline().strip() == "promoted", child.stderr.read()
     assert wait_for(reader, V2_TEXT, limit_s=1.0) < 1.0
     child.communicate(timeout=10)
+
+
+def test_the_first_lookup_a_refresh_interval_after_a_promotion_elsewhere_serves_it(url):
+    reader = TemplateReader(url)  # the default refresh_s, 0.05 s
+    assert reader.get("risk").text == V1_TEXT
+    child = python(PROMOTE, url)
+    assert child.stdout.readline().strip() == "promoted", child.stderr.read()  # committed
+    time.sleep(0.05)  # the reader's last check was before the commit, so its next lookup checks again
+    assert reader.get("risk").text == V2_TEXT
+    child.communicate(timeout=10)
+
+
+def test_a_cached_label_follows_its_moves_without_another_query(url, monkeypatch):
+    """The moves query brings each move's version id and template record: no label or template query follows."""
+    reader = TemplateReader(url, refresh_s=1e-9)  # every lookup checks
+    with TemplateStore(url) as store:
+        store.set_label("risk", "staging", 1)
+        assert reader.get("risk").text == reader.get("risk", "staging").text == V1_TEXT
+
+        def no_query(*args):
+            raise AssertionError("a lookup of a cached label queried the store again")
+
+        monkeypatch.setattr(TemplateStore, "label_target", no_query)
+        monkeypatch.setattr(TemplateStore, "get_template", no_query)
+        v3 = store.add_version("risk", Template.from_text("v3: {text}"), decision=PASSED).id
+        for move, production, staging in [
+            (lambda: store.promote("risk", 2), V2_TEXT, V1_TEXT),
+            (lambda: store.set_label("risk", "staging", v3), V2_TEXT, "v3: {text}"),  # a version new to the reader
+            (lambda: store.promote("risk", v3), "v3: {text}", "v3: {text}"),
+            (lambda: store.rollback("risk"), V2_TEXT, "v3: {text}"),
+            (lambda: store.set_label("risk", "staging", 2), V2_TEXT, V2_TEXT),
+        ]:
+            move()
+            assert (reader.get("risk").text, reader.get("risk", "staging").text) == (production, staging)
+
+
+def run_moves(store: TemplateStore, moves: str) -> None:
+    v3 = store.add_version("risk", Template.from_text("v3: {text}"), decision=PASSED).id
+    for move in moves.split(", "):
+        name, *args = move.split()
+        getattr(store, name)("risk", *(float(a) if "." in a else int(a) if a.isdigit() else a for a in args))
+    assert v3 == 3
+
+
+# Moves made between two checks of a reader, applied together at the next check.
+MOVES = {
+    "promotion ends the canary": "set_canary 2 0.5, promote 2",
+    "promotions and rollbacks": "promote 2, promote 3, rollback, rollback, promote 3",
+    "a label back and forth": "set_label staging 3, set_label staging 2, set_label staging 1",
+    "canary started, ramped, ended": "set_canary 3 0.05, advance_canary, end_canary, set_canary 2 0.2",
+    "everything": "set_label staging 3, set_canary 2 0.5, advance_canary, promote 3, set_label staging 2, rollback",
+}
+
+
+@pytest.mark.parametrize("moves", MOVES.values(), ids=MOVES)
+def test_moves_between_checks_leave_a_reader_where_a_new_one_starts(url, moves):
+    reader = TemplateReader(url, refresh_s=1e-9)
+    keys = [f"user-{i}" for i in range(200)]
+    with TemplateStore(url) as store:
+        store.set_label("risk", "staging", 1)
+        store.set_canary("risk", 2, 0.2)
+        for label in ("production", "staging", "canary"):  # cached, before the moves
+            reader.get("risk", label)
+        for key in keys:
+            reader.for_caller("risk", key)
+        run_moves(store, moves)  # no lookup meanwhile: the next lookup's check applies them all
+    fresh = TemplateReader(url)
+    for label in ("production", "staging", "canary"):
+        try:
+            expected = fresh.get("risk", label).text
+        except StoreError as exc:  # e.g. the canary ended
+            with pytest.raises(StoreError, match=re.escape(str(exc))):
+                reader.get("risk", label)
+        else:
+            assert reader.get("risk", label).text == expected
+    assert [reader.for_caller("risk", key).text for key in keys] == [fresh.for_caller("risk", key).text for key in keys]
+
+
+def test_a_move_to_a_damaged_version_is_named_by_its_label_alone(url, backend):
+    reader = TemplateReader(url, refresh_s=1e-9)
+    with TemplateStore(url) as store:
+        store.set_label("risk", "staging", 2)
+    assert reader.get("risk", "staging").text == V2_TEXT
+    raw = backend.connect()  # rows written outside the store's code, as a damaged disk or a foreign writer might
+    try:
+        raw.execute("INSERT INTO versions (task, content_hash, template, scores, latency, created_at)"
+                    " VALUES ('risk', 'abc', '{not json', '{}', '{}', '2026-01-01T00:00:00')")
+        raw.execute("INSERT INTO label_history (task, label, version_id, action, moved_at)"
+                    " VALUES ('risk', 'staging', 3, 'set', '2026-01-01T00:00:00')")
+    finally:
+        raw.close()
+    for _ in range(2):  # at the check that brings the move, and after it
+        with pytest.raises(StoreError, match="version 3 in the store at .* is damaged"):
+            reader.get("risk", "staging")
+        assert reader.get("risk").text == V1_TEXT
 
 
 PAUSE_BEFORE_COMMIT = (Path(__file__).parent / "pause_before_commit.py").read_text()

@@ -165,6 +165,31 @@ def test_adding_a_version_moves_no_label(store):
     assert store.generation() == before
 
 
+def test_label_moves_lists_the_moves_after_a_seq_oldest_first_with_their_template_records(store):
+    v1, v2 = add(store, "v1"), add(store, "v2")
+    start = store.generation()
+    assert store.label_moves(start) == []
+    store.promote("risk", v1)
+    store.set_canary("risk", v2, 0.05)
+    store.set_label("risk", "staging", v2)
+    store.promote("risk", v2)  # ends the canary in the same transaction
+    store.rollback("risk")
+    moves = store.label_moves(start)
+    assert [move[1:4] for move in moves] == [("risk", "production", v1), ("risk", "canary", v2),
+                                             ("risk", "staging", v2), ("risk", "production", v2),
+                                             ("risk", "canary", None), ("risk", "production", v1)]
+    seqs = [move[0] for move in moves]
+    assert seqs == sorted(set(seqs)) and seqs[-1] == store.generation()
+    assert store.label_moves(seqs[2]) == moves[3:] and store.label_moves(seqs[-1]) == []
+    for _, _, _, version_id, record in moves:  # the record of the version moved to: what a reader compiles
+        if version_id is None:
+            assert record is None
+        else:
+            assert store.decode_template(version_id, record) == store.get_template(version_id)
+    with pytest.raises(StoreError, match="version 7 in the store at .* is damaged .*restore it from a backup"):
+        store.decode_template(7, "{not json")
+
+
 def test_promote_refuses_what_the_gate_refused_unless_forced(store):
     refused = add(store, "bad", decision=REFUSED)
     never_gated = add(store, "seed", decision=None)
