@@ -22,6 +22,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError,
 
 from pipelines.config import ModelSource, TaskConfig
 from pipelines.data import Splits
+from pipelines.engine.usage import Usage
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,10 @@ class ScoringWorker:
         return [self.scorer.evaluate(text, split, latency=False) for text in texts]
 
     def latency(self, text: str, split: str):
-        return self.scorer.latency(self.scorer.validate(text).template, split)
+        """The template's latency, and the calls its probe requests took (a server bills them too)."""
+        before = self.scorer.spent()
+        latency = self.scorer.latency(self.scorer.validate(text).template, split)
+        return latency, self.scorer.spent_since(before)
 
     def ready(self) -> int:
         return os.getpid()
@@ -120,7 +124,8 @@ class ScoringPool:
             for text, ev in zip(texts, evaluations):
                 if ev.measured.valid:
                     home = self._home[text]
-                    ev.latency = self._run({home: lambda worker: worker.latency.remote(text, split)})[home]
+                    ev.latency, probes = self._run({home: lambda worker: worker.latency.remote(text, split)})[home]
+                    ev.usage = {role: ev.usage.get(role, Usage()) + usage for role, usage in probes.items()}
         return evaluations
 
     def _assign(self, texts: Sequence[str]) -> dict[int, list[int]]:
@@ -163,8 +168,9 @@ class ScoringPool:
                 self.workers[i] = self._start()
                 self.replaced += 1
                 pending[i] = calls[i](self.workers[i])
-            except RayTaskError as exc:
-                raise exc.as_instanceof_cause() from None  # e.g. JudgeError: the worker's own error, unwrapped
+            except RayTaskError as exc:  # e.g. JudgeError, EndpointError: the worker's own error and message
+                cause = getattr(exc, "cause", None)
+                raise (cause if isinstance(cause, Exception) else exc.as_instanceof_cause()) from None
         return results
 
     def shutdown(self) -> None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -35,6 +35,7 @@ import numpy as np
 from pipelines.config import Endpoint, ModelSource, TaskConfig
 from pipelines.data import Example, Splits
 from pipelines.engine.models import LoadedLM, load_causal_lm, load_tokenizer
+from pipelines.engine.usage import Metered, Usage
 from rewards import promptbench_metrics as pbm
 from rewards.components import Measured
 from rewards.entities import swap_entities
@@ -51,7 +52,12 @@ class Scored:
 
     measured: Measured
     reward: Reward
-    target_calls: int = 0  # (template, example) pairs the target model computed for it; cached pairs are free
+    usage: dict[str, Usage] = field(default_factory=dict)  # role -> what measuring it asked of that model
+
+    @property
+    def target_calls(self) -> int:
+        """Calls the target answered for this candidate (pipelines/engine/usage.py); cached pairs are free."""
+        return self.usage["target"].calls if "target" in self.usage else 0
 
 
 @dataclass
@@ -64,6 +70,7 @@ class Evaluation:
     n_examples: int
     decision: DecisionRule | None  # the production decision the metrics were computed with (None: invalid)
     latency: Latency | None = None  # measured for valid templates unless asked not to
+    usage: dict[str, Usage] = field(default_factory=dict)  # role -> calls and tokens, latency probes included
 
 
 @dataclass(frozen=True)
@@ -135,7 +142,9 @@ def label_scorer(source: ModelSource | LoadedLM, verbalizers: Sequence[str], *, 
     model = _load(source)
     if isinstance(model, Endpoint):
         scorer = make_label_scorer(model.url, verbalizers, model=model.model, chat_template=chat_template,
-                                   api_key_env=model.api_key_env)
+                                   api_key_env=model.api_key_env, max_concurrency=model.max_concurrency,
+                                   timeout_s=model.timeout_s, max_retries=model.max_retries,
+                                   top_logprobs=model.top_logprobs)
         scorer.check()  # the server answers and serves the model, before any work starts
         return scorer
     return make_label_scorer(model, list(verbalizers), chat_template=chat_template, batch_size=batch_size)
@@ -155,10 +164,11 @@ class CandidateScorer:
         self.splits = splits
         self.labels = list(task.labels)
         self.positive = self.labels.index(task.positive_label)
-        self.target = target
-        self.judge_scorer = judge
-        self.judge = Judge(task.judge.rubrics, judge.score, task.judge.max_errors, frame=RESPONSE_FRAME)
-        self.template_judge = Judge(task.judge.template_rubrics, judge.score, task.judge.max_errors)
+        # Each role counts its own calls, also when the target judges with the same scorer (and cache).
+        self.target = Metered(target)
+        self.judge_scorer = Metered(judge)
+        self.judge = Judge(task.judge.rubrics, self.judge_scorer.score, task.judge.max_errors, frame=RESPONSE_FRAME)
+        self.template_judge = Judge(task.judge.template_rubrics, self.judge_scorer.score, task.judge.max_errors)
         self.contract = task_contract(task)
         self.tokenizer = tokenizer
         cfg = task.scoring
@@ -278,11 +288,13 @@ class CandidateScorer:
             else:
                 valid.append((i, check.template, check.tokens))
         t0 = time.perf_counter()
+        spent = self.spent()
         template_judged = self.template_judge([t.text for _, t, _ in valid]) if valid else []
         judge_s = (time.perf_counter() - t0) / max(1, len(valid))
         gold = [e.label for e in dev]
         for (i, template, tokens), judged in zip(valid, template_judged):
-            computed_before = self.target.stats.pairs_scored
+            if i != valid[0][0]:  # the first valid candidate carries the template judge's batch
+                spent = self.spent()
             t0 = time.perf_counter()
             out = self.responses(template, dev)
             odds = self._positive_log_odds(out.logprobs)
@@ -306,8 +318,15 @@ class CandidateScorer:
                 samples=self.samples(dev, out, decided),
                 timing={"target_s": t1 - t0, "robustness_s": t2 - t1, "judge_s": judge_s + time.perf_counter() - t2},
             )
-            results[i] = Scored(m, self.reward(m), self.target.stats.pairs_scored - computed_before)
+            results[i] = Scored(m, self.reward(m), self.spent_since(spent))
         return results  # type: ignore[return-value]
+
+    def spent(self) -> dict[str, Usage]:
+        """What the target and the judge have answered so far (calls and tokens, per role)."""
+        return {"target": self.target.usage.copy(), "judge": self.judge_scorer.usage.copy()}
+
+    def spent_since(self, before: dict[str, Usage]) -> dict[str, Usage]:
+        return {role: usage - before[role] for role, usage in self.spent().items()}
 
     def reward(self, m: Measured) -> Reward:
         return weigh(m, self.task.reward.weights, self.components, self.task.reward.invalid_penalty)
@@ -357,6 +376,7 @@ class CandidateScorer:
             return Evaluation(m, self.reward(m), split, len(examples), None)
         template = check.template
         timing = {}
+        spent = self.spent()
         t0 = time.perf_counter()
         decision = self.fit_decision(template)
         timing["calibrate_s"] = time.perf_counter() - t0
@@ -384,6 +404,7 @@ class CandidateScorer:
         result = Evaluation(m, self.reward(m), split, len(examples), decision)
         if latency:
             result.latency = self.latency(template, split)
+        result.usage = self.spent_since(spent)
         return result
 
     def latency(self, template: Template, split: str, n_requests: int = 12) -> Latency:

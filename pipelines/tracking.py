@@ -56,6 +56,11 @@ class Tracker:
             if isinstance(value, (int, float)):
                 self.run.summary[f"best/{key}"] = value
 
+    def log_summary(self, values: Mapping[str, float]) -> None:
+        """Run-level figures (e.g. the calls and tokens of the whole run) in the run's summary."""
+        for key, value in values.items():
+            self.run.summary[key] = value
+
     def finish(self) -> None:
         self.run.finish()
 

@@ -350,7 +350,7 @@ def test_candidate_scorer_measures_every_component(risk, lm):
     task = task.with_overrides(**{"scoring.robustness_examples": 8})
     small = type(splits)(splits.train[:16], splits.dev[:16], splits.test[:16])
     scorer = build_scorer(task, small, lm)
-    assert scorer.judge_scorer is scorer.target  # yes/no answers: the target judges with the same scorer and cache
+    assert scorer.judge_scorer.inner is scorer.target.inner  # yes/no answers: the target judges with the same scorer
     seed = task.seed_template().text
     scored = scorer.measure([seed, "no placeholder at all", task.compose("Look for prizes and urgent payment requests.")])
     assert [s.measured.valid for s in scored] == [True, False, True]

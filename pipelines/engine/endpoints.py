@@ -70,6 +70,7 @@ import numpy as np
 
 from pipelines.engine.answers import Answer, AnswerCache
 from pipelines.engine.pair_cache import PairCache
+from pipelines.engine.usage import Usage
 from templates.template import Template
 
 logger = logging.getLogger(__name__)
@@ -131,6 +132,11 @@ class _NoLogprobs(Exception):
     """The server does not give log-probs: switch to answers mode."""
 
 
+def _count(value) -> int:
+    """A token count from a server's ``usage`` (0 when it sends none or nonsense)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
 def _is_loopback(url: str) -> bool:
     host = urllib.parse.urlsplit(url).hostname or ""
     if host == "localhost":
@@ -158,6 +164,7 @@ class EndpointLabelScorer:
         backoff_s: float = 0.5,
         max_concurrency: int = 4,
         cache_pairs: int = 200_000,
+        top_logprobs: int = TOP_LOGPROBS,
     ):
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"endpoint URL {base_url!r} must start with http:// or https:// (e.g. http://localhost:8000/v1)")
@@ -171,8 +178,10 @@ class EndpointLabelScorer:
         folded = [v.strip().casefold() for v in self.verbalizers]
         if len(set(folded)) != len(folded):
             raise ValueError(f"verbalizers {self.verbalizers} differ only in case or spaces; an endpoint cannot tell them apart")
-        if timeout_s <= 0 or max_retries < 0 or backoff_s < 0 or max_concurrency < 1:
-            raise ValueError("timeout_s and max_concurrency must be positive, max_retries and backoff_s not negative")
+        if timeout_s <= 0 or max_retries < 0 or backoff_s < 0 or max_concurrency < 1 or top_logprobs < 1:
+            raise ValueError("timeout_s, max_concurrency and top_logprobs must be positive, max_retries and backoff_s "
+                             "not negative")
+        self.top_logprobs = top_logprobs
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.chat = chat
@@ -192,6 +201,7 @@ class EndpointLabelScorer:
         self._answers = AnswerCache()
         self._lock = threading.Lock()  # guards stats and mode, written from worker threads
         self.stats = EndpointStats()
+        self.usage = Usage()  # requests answered, and the tokens the server's ``usage`` reported
 
     def __repr__(self) -> str:
         return f"EndpointLabelScorer({self.base_url!r}, model={self.model!r}, verbalizers={self.verbalizers}, mode={self.stats.mode})"
@@ -264,7 +274,7 @@ class EndpointLabelScorer:
         if not isinstance(text, str):
             text = ""  # a malformed answer is an empty one, which breaks any contract
         usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
-        tokens = usage.get("completion_tokens") if isinstance(usage.get("completion_tokens"), int) else 0
+        tokens = _count(usage.get("completion_tokens"))
         return Answer(text, choice.get("finish_reason") == "length", tokens)
 
     def check(self) -> list[str]:
@@ -318,11 +328,11 @@ class EndpointLabelScorer:
         if self.chat:
             payload["messages"] = [{"role": "user", "content": prompt}]
             if logprobs:
-                payload.update(logprobs=True, top_logprobs=TOP_LOGPROBS)
+                payload.update(logprobs=True, top_logprobs=self.top_logprobs)
         else:
             payload["prompt"] = prompt
             if logprobs:
-                payload["logprobs"] = TOP_LOGPROBS
+                payload["logprobs"] = self.top_logprobs
         return payload
 
     def _row_from_logprobs(self, top: list[tuple[str, float]]) -> np.ndarray:
@@ -447,8 +457,10 @@ class EndpointLabelScorer:
             data = json.loads(raw)
         except ValueError:
             raise EndpointError(f"POST {url} answered with something that is not JSON: {raw[:_DETAIL_CHARS]!r}") from None
+        usage = data.get("usage") if isinstance(data, dict) and isinstance(data.get("usage"), dict) else {}
         with self._lock:
             self.stats.request_ms.append(elapsed_ms)
+            self.usage.add(1, _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")))
         return data
 
     def _detail(self, exc: urllib.error.HTTPError) -> str:

@@ -54,10 +54,11 @@ import numpy as np
 import torch
 
 from pipelines.engine.answers import Answer, AnswerCache
-from pipelines.engine.models import LoadedLM
+from pipelines.engine.models import LoadedLM, ModelLoadError
 from pipelines.engine.packed_llama import PackedLlama, decoder_of, unsupported_reason
 from pipelines.engine.packing import Packing
 from pipelines.engine.pair_cache import PairCache
+from pipelines.engine.usage import Usage
 from templates.template import Template
 
 _SENTINEL = "\u2063TUNE_PROMPTS_INPUT\u2063"
@@ -127,6 +128,11 @@ def prompt_frame(tokenizer, template: Template, chat_template: bool) -> tuple[st
     # The template's constraints are for callers' values; the sentinel is ours, so render the bare text.
     text = Template(template.text, template.variables).render({variable: _SENTINEL})
     if chat_template:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ModelLoadError(
+                f"the tokenizer of {getattr(tokenizer, 'name_or_path', 'this model')!r} has no chat template (a base "
+                "model?): give an instruction-tuned model, or set template.chat_template: false in the task file "
+                "(the judge always asks in a chat template: give it --judge-model with one)")
         text = tokenizer.apply_chat_template(
             [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
         )
@@ -171,6 +177,7 @@ class LabelScorer:
         self.tokens_per_batch = tokens_per_batch  # tokens per forward pass, at most (one longer sequence runs alone)
         self._cache = PairCache(cache_pairs)
         self.stats = ScorerStats()
+        self.usage = Usage()  # calls and tokens, as a server would bill them (pipelines/engine/usage.py)
         model = lm.model
         self._body = decoder_of(model)
         # Only the label rows of the output layer are ever needed; kept in float32 so that the log-odds are
@@ -238,6 +245,7 @@ class LabelScorer:
             ids = self.lm.tokenizer(before + text + after, return_tensors="pt", add_special_tokens=False).input_ids
             self.lm.model(input_ids=ids, logits_to_keep=1)
             samples.append((time.perf_counter() - t0) * 1000)
+            self.usage.add(1, ids.shape[1])
         return {"p50": float(np.percentile(samples, 50)), "p95": float(np.percentile(samples, 95)), "error_rate": 0.0}
 
     def clear_cache(self) -> None:
@@ -281,6 +289,7 @@ class LabelScorer:
             for i, row in self._run_batches(fallback, None, 0).items():
                 out[i] = row
         self.stats.pairs_scored += len(texts)
+        self.usage.add(len(texts), _prompt_tokens(prefix_ids, shared, fallback))
         return out
 
     @torch.inference_mode()
@@ -293,6 +302,7 @@ class LabelScorer:
         self.stats.pairs_scored += len(texts)  # the first step scored the labels too
         self.stats.answers_generated += len(texts)
         self.stats.answer_tokens += sum(a.tokens for a in answers.values())
+        self.usage.add(len(texts), _prompt_tokens(prefix_ids, shared, fallback), sum(a.tokens for a in answers.values()))
         return [answers[i] for i in range(len(texts))]
 
     def _greedy(self, template, texts, suffixes: dict[int, list[int]], prefix_ids: list[int], max_new_tokens: int,
@@ -443,6 +453,11 @@ class LabelScorer:
                 f"AttentionInterface ({hf_pass.calls} of {self._n_layers} layers); packed scoring needs it"
             )
         return hidden[0, packing.last]
+
+
+def _prompt_tokens(prefix_ids: list[int], shared: dict, fallback: dict) -> int:
+    """The prompts' tokens as whole requests would carry them (the shared prefix once per prompt)."""
+    return len(prefix_ids) * len(shared) + sum(map(len, shared.values())) + sum(map(len, fallback.values()))
 
 
 def _packed_llama(model) -> PackedLlama:

@@ -31,6 +31,7 @@ from typing import Sequence
 import torch
 
 from pipelines.config import PPOConfig
+from pipelines.engine.usage import Usage
 from pipelines.rl.stand_ins import install_cpu_stand_ins
 
 # These subtract a baseline computed over the samples of one prompt (consecutive rows of a batch), so they
@@ -84,6 +85,12 @@ class RolloutBatch:
     truncated: torch.Tensor  # (B,) bool: hit max_new_tokens before a stop token
     temperature: float  # the sampling temperature; the learner scores log-probs at the same temperature
     rewards: torch.Tensor | None = None  # (B,) float, one scalar per sample, set by the caller
+
+    def usage(self) -> Usage:
+        """What sampling cost, counted as a server would bill it: a call per response, its prompt's tokens and the
+        response's tokens (pipelines/engine/usage.py)."""
+        prompt_width = self.sequences.shape[1] - self.action_mask.shape[1]
+        return Usage(len(self.texts), int(self.attention_mask[:, :prompt_width].sum()), int(self.action_mask.sum()))
 
     def with_rewards(self, rewards: Sequence[float] | torch.Tensor) -> "RolloutBatch":
         rewards = torch.as_tensor(rewards, dtype=torch.float32).reshape(-1)
