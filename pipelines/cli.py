@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Sequence
 
 from pipelines import cli_store
+from pipelines.budget import BudgetError
 from pipelines.config import (ConfigError, Endpoint, ModelSource, RunOptions, TaskConfig, builtin_tasks, load_task,
                               load_yaml_mapping)
 from pipelines.data import DataError, label_counts, load_examples, split_examples
@@ -45,7 +46,7 @@ from templates.template import Template, TemplateError, constraints_from_spec
 
 MAX_RENDER_EXAMPLES = 1000
 USER_ERRORS = (ConfigError, DataError, TemplateError, DecisionError, ModelLoadError, JudgeError, StoreError, FileExistsError, FileNotFoundError,
-               EndpointError, CronError, ScheduleError)
+               EndpointError, CronError, ScheduleError, BudgetError)
 
 
 def quiet_libraries() -> None:
@@ -269,11 +270,16 @@ def model_sources(args) -> tuple[ModelSource, ModelSource | None]:
     if args.target_url and not args.target_model:
         raise ConfigError(f"--target-url {args.target_url} needs --target-model, the model name that server serves "
                           "(GET URL/models lists them)")
-    target = Endpoint(args.target_url, args.target_model, args.api_key_env) if args.target_url else args.model
+    def served(url: str, model: str) -> Endpoint:  # the connection flags are the tuning group's, before a command
+        return Endpoint(url, model, args.api_key_env, max_concurrency=getattr(args, "max_concurrency", 4),
+                        timeout_s=getattr(args, "request_timeout", 30.0), max_retries=getattr(args, "max_retries", 3),
+                        top_logprobs=getattr(args, "top_logprobs", 20))
+
+    target = served(args.target_url, args.target_model) if args.target_url else args.model
     if args.judge_url:
-        judge = Endpoint(args.judge_url, args.judge_model or args.target_model, args.api_key_env)
+        judge = served(args.judge_url, args.judge_model or args.target_model)
     elif args.judge_model:
-        judge = Endpoint(args.target_url, args.judge_model, args.api_key_env) if args.target_url else args.judge_model
+        judge = served(args.target_url, args.judge_model) if args.target_url else args.judge_model
     else:
         judge = None
     return target, judge
@@ -327,8 +333,10 @@ def tuning_setup(args, store_url: str | None) -> tuple[TaskConfig, RunOptions]:
         task = task.with_overrides(**changes)
     if args.resume and not args.run_dir:
         raise ConfigError("--resume needs --run-dir, the folder of the run to continue")
+    target, judge = model_sources(args)
     options = RunOptions(
-        steps=args.steps, policy_model=args.policy_model, target=args.model, judge=args.judge_model,
+        steps=args.steps, policy_model=args.policy_model, target=target, judge=judge,
+        max_target_calls=args.max_target_calls, max_tokens=args.max_tokens,
         num_scorers=args.num_scorers, ray_address=args.ray_address, finalists=args.finalists,
         run_dir=args.run_dir or str(Path("runs") / f"{task.name}-{time.strftime('%Y%m%d-%H%M%S')}"),
         dev_examples=args.dev_examples or None, wandb_mode=args.wandb_mode, wandb_project=args.wandb_project,
@@ -352,6 +360,8 @@ def run_tuning(task: TaskConfig, options: RunOptions, *, resume: bool, json_outp
 
 def cmd_tune(args) -> int:
     task, options = tuning_setup(args, None if args.no_store else (args.store or default_store_url()))
+    if args.estimate:
+        return print_estimate(task, options, json_output=args.json)
     if args.backend == "openrlhf":
         from pipelines.rl.cluster_job import prepare_job
 
@@ -359,6 +369,37 @@ def cmd_tune(args) -> int:
     report = run_tuning(task, options, resume=args.resume, json_output=args.json)
     if args.json:
         print(json.dumps(report, indent=2, default=str))
+    return 0
+
+
+def print_estimate(task: TaskConfig, options: RunOptions, *, json_output: bool) -> int:
+    """``--estimate``: the calls and tokens the run would take, priced by the run's own scoring code; runs nothing."""
+    from pipelines.budget import Budget, estimate
+    from pipelines.loop import scoring_tokenizer
+
+    splits = split_examples(task, load_examples(task))
+    plan = estimate(task, options, splits, scoring_tokenizer(options.target))
+    budget = Budget(options.max_target_calls, options.max_tokens)
+    smallest = plan.affords(budget, plan.phases.get("seed", {}), 0) if budget else None
+    fits = [n for n in range(options.steps, -1, -1) if not plan.affords(budget, plan.phases.get("seed", {}), n)]
+    if json_output:
+        print(json.dumps({**plan.as_dict(), "budget_steps": fits[0] if fits else None}, indent=2))
+        return 0
+    where = {"target": options.target, "judge": options.judge or options.target, "policy": options.policy_model}
+    print(f"estimate for task {task.name}: {options.steps} steps x {task.generation.candidates_per_step} candidates, "
+          f"{len(splits.dev) if options.dev_examples is None else min(options.dev_examples, len(splits.dev))} dev "
+          f"examples per reward, {options.finalists} finalist(s) on {len(splits.test)} test examples")
+    for role, source in where.items():
+        print(f"  {role}: {source.model + ' at ' + source.url if isinstance(source, Endpoint) else source}")
+    print(table(plan.rows()))
+    print("A call is one request a server would bill (see pipelines/engine/usage.py). Calls assume every candidate "
+          "is valid and new (invalid or repeated ones cost nothing); completion tokens assume every answer runs to "
+          f"its limit ({task.scoring.answer.max_new_tokens} tokens), so the run takes at most these.")
+    if budget:
+        if smallest:
+            print(f"the budget cannot pay for the seed and the final test: {smallest}")
+        else:
+            print(f"the budget pays for {fits[0]} of the {options.steps} steps, the seed and the final test")
     return 0
 
 
@@ -390,6 +431,13 @@ def print_final_table(task: TaskConfig, report: dict) -> None:
         print(f"\nstore: version {p.get('version')} {'PROMOTED' if p['promoted'] else 'not promoted'}; production is version {p['production']}")
         for reason in p["reasons"]:
             print(f"  {reason}")
+    usage = report.get("usage", {}).get("total", {})
+    if usage:
+        print("\ncalls (requests a server would bill) and tokens: " + "; ".join(
+            f"{role} {u['calls']} ({u['prompt_tokens']} prompt + {u['completion_tokens']} completion)"
+            for role, u in usage.items()))
+    if report.get("stopped"):
+        print(f"stopped before the last step: {report['stopped']}")
     print(f"\nreport: {report['run_dir']}/report.json   W&B (offline) run: {report['wandb_folder']}")
 
 
@@ -433,9 +481,6 @@ def cmd_check(args) -> int:
 
     task = load_task(args.task)
     store = args.store or default_store_url()
-    if args.tune_if_below and (args.target_url or args.judge_url):
-        raise ConfigError("--tune-if-below tunes with local models; the tuning loop does not score through "
-                          "endpoints yet: drop --target-url/--judge-url, or check without --tune-if-below")
     drift.production_version(store, task.name)  # no store or no production label: exit 2 before loading models
     scorer = make_scorer(args, task, split_examples(task, load_examples(task)))
     report = drift.check_production(task, scorer, store, split=args.split, min_metric=args.min_metric,
@@ -485,15 +530,31 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {one_line(message, 300)}; see {self.prog} --help\n")
 
 
-def example_count(text: str) -> int:
-    """render's -n: a whole number from 1 to MAX_RENDER_EXAMPLES."""
+def whole_number(low: int, high: int | None = None):
+    """An argparse type: a whole number from ``low`` (to ``high``, when given)."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a whole number") from None
+        if n < low or (high is not None and n > high):
+            bounds = f"{low} to {high}" if high is not None else f"{low} or more"
+            raise argparse.ArgumentTypeError(f"{n} is out of range: give {bounds}")
+        return n
+    return parse
+
+
+def positive_seconds(text: str) -> float:
     try:
-        n = int(text)
+        value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a whole number") from None
-    if not 1 <= n <= MAX_RENDER_EXAMPLES:
-        raise argparse.ArgumentTypeError(f"{n} is out of range: give 1 to {MAX_RENDER_EXAMPLES}")
-    return n
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number of seconds") from None
+    if not 0 < value <= 3600:
+        raise argparse.ArgumentTypeError(f"{value} is out of range: give more than 0 and at most 3600 seconds")
+    return value
+
+
+example_count = whole_number(1, MAX_RENDER_EXAMPLES)  # render's -n
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -509,7 +570,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="show the traceback of an unexpected error (also TUNE_PROMPTS_DEBUG=1)")
     parser.add_argument("--task", help=f"the task to tune: a built-in ({', '.join(builtin_tasks())}) or a task YAML file")
     tuning = parser.add_argument_group("tuning (with --task and no command)")
-    tuning.add_argument("--steps", type=int, default=4, help="PPO steps (default 4)")
+    tuning.add_argument("--steps", type=whole_number(1), default=4, help="PPO steps (default 4)")
     tuning.add_argument("--candidates", type=int, help="candidates per step (default: the task's, 8)")
     tuning.add_argument("--dev-examples", type=int, default=100, help="dev examples per candidate reward (default 100; 0: all)")
     tuning.add_argument("--finalists", type=int, default=1,
@@ -525,9 +586,38 @@ def build_parser() -> argparse.ArgumentParser:
     tuning.add_argument("--ray-address", help="Ray cluster address (default: a local Ray)")
     tuning.add_argument("--num-scorers", type=int, default=2,
                         help="Ray scoring actors, each with an equal share of the CPUs (default 2; at most one per CPU)")
-    tuning.add_argument("--policy-model", default=EMBEDDED, help="the policy that writes instructions")
-    tuning.add_argument("--model", default=EMBEDDED, help="the target model (and judge, unless --judge-model)")
-    tuning.add_argument("--judge-model", help="a separate judge model")
+    tuning.add_argument("--policy-model", default=EMBEDDED,
+                        help="the policy that writes instructions: the embedded model or a Hugging Face folder")
+    tuning.add_argument("--model", default=EMBEDDED, help="the target model (and judge, unless --judge-model): "
+                        "the embedded model, a Hugging Face folder or hub id")
+    tuning.add_argument("--judge-model", help="a separate judge: a local model, or with --target-url/--judge-url a "
+                        "model name that server serves")
+    served = parser.add_argument_group(
+        "tuning a served model (OpenAI-compatible: vLLM, TGI, a gateway); also read by eval and check when given "
+        "before the command")
+    served.add_argument("--target-url", help="the target's server, e.g. http://localhost:8000/v1 "
+                        "(vLLM: vllm serve MODEL --max-logprobs 20)")
+    served.add_argument("--target-model", help="the model name the target server serves (GET URL/models lists them)")
+    served.add_argument("--judge-url", help="the judge's server (default: --target-url)")
+    served.add_argument("--api-key-env", default="TUNE_PROMPTS_API_KEY",
+                        help="name of the environment variable holding the API key, never the key")
+    served.add_argument("--max-concurrency", type=whole_number(1), default=4,
+                        help="requests in flight per scoring actor (default 4)")
+    served.add_argument("--request-timeout", type=positive_seconds, default=30.0,
+                        help="seconds one request may take (default 30)")
+    served.add_argument("--max-retries", type=whole_number(0), default=3,
+                        help="retries after a timeout, a dropped connection, 429 or 5xx, with backoff (default 3); "
+                        "then the run stops, and --resume continues it")
+    served.add_argument("--top-logprobs", type=whole_number(1), default=20,
+                        help="alternatives per position to read labels from (default 20, OpenAI's limit; a vLLM "
+                        "server started with a higher --max-logprobs allows more, and fewer labels get floored)")
+    budget = parser.add_argument_group("budget (see --estimate)")
+    budget.add_argument("--max-target-calls", type=whole_number(1),
+                        help="stop before the step that, with the final test, would pass this many target calls")
+    budget.add_argument("--max-tokens", type=whole_number(1),
+                        help="the same for the target's and the judge's prompt + completion tokens")
+    budget.add_argument("--estimate", action="store_true",
+                        help="print the calls and tokens the run will take, per phase and model, and run nothing")
     tuning.add_argument("--store", help="template store URL (default sqlite:///$TUNE_PROMPTS_HOME/store.sqlite)")
     tuning.add_argument("--no-store", action="store_true", help="do not record the result in the store")
     tuning.add_argument("--no-promote", action="store_true", help="record the result but never move production")

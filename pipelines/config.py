@@ -515,6 +515,10 @@ class Endpoint:
     url: str
     model: str
     api_key_env: str = "TUNE_PROMPTS_API_KEY"
+    max_concurrency: int = 4  # requests in flight per scorer (each Ray scoring actor holds one)
+    timeout_s: float = 30.0  # per socket operation of one request
+    max_retries: int = 3  # after a timeout, a dropped connection, 429 or 5xx; then the run stops, resumable
+    top_logprobs: int = 20  # alternatives asked for per position: OpenAI's limit, vLLM's default --max-logprobs
 
 
 ModelSource = str | Endpoint  # a model id, folder or EMBEDDED; or a served model
@@ -539,3 +543,5 @@ class RunOptions:
     store_url: str | None = None  # None: no store
     promote: bool = True
     progress: bool = True
+    max_target_calls: int | None = None  # budget: calls to the target (pipelines/budget.py); None: no cap
+    max_tokens: int | None = None  # budget: prompt + completion tokens of the target and the judge; None: no cap

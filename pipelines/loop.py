@@ -24,6 +24,8 @@ from tqdm.auto import tqdm
 
 from pipelines.config import RunOptions, TaskConfig
 from pipelines.data import load_splits
+from pipelines.engine.endpoints import EndpointError
+from pipelines.engine.usage import ROLES, Usage, sum_usage
 from pipelines.generation import candidate_text, instruction_of, meta_prompt
 from rewards.components import RATES
 
@@ -36,7 +38,21 @@ class LoopState:
     leaderboard: list[dict] = field(default_factory=list)  # best distinct candidates, best first
     history: list[dict] = field(default_factory=list)  # per-step scalars
     wandb_id: str | None = None
-    target_calls: int = 0  # (template, example) pairs the target model computed for rewards and selection
+    usage: dict[str, dict] = field(default_factory=dict)  # phase (seed, steps, select, test) -> role -> Usage
+    stopped: str | None = None  # why the run ended before its last step (the budget), if it did
+
+    @classmethod
+    def from_json(cls, data: dict) -> "LoopState":
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in known})  # a checkpoint from an older version too
+
+    def spent(self) -> dict[str, Usage]:
+        """Calls and tokens per role, over every phase so far."""
+        total = sum_usage(*self.usage.values())
+        return {role: total.get(role, Usage()) for role in ROLES}
+
+    def charge(self, phase: str, usage: dict[str, Usage]) -> None:
+        self.usage[phase] = {role: u.as_dict() for role, u in sum_usage(self.usage.get(phase, {}), usage).items()}
 
 
 def _save_checkpoint(run_dir: Path, learner, state: LoopState) -> None:
@@ -58,7 +74,7 @@ def _load_checkpoint(run_dir: Path) -> tuple[LoopState, Path] | None:
     for name in ("checkpoint", "checkpoint.old"):  # .old survives a kill between the two renames
         folder = run_dir / name
         if (folder / "state.json").is_file():
-            return LoopState(**json.loads((folder / "state.json").read_text())), folder / "policy"
+            return LoopState.from_json(json.loads((folder / "state.json").read_text())), folder / "policy"
     return None
 
 
@@ -71,54 +87,94 @@ def _update_leaderboard(board: list[dict], rows: list[dict], keep: int = 20) -> 
 
 
 def tune(task: TaskConfig, options: RunOptions, *, resume: bool = False, log=print) -> dict[str, Any]:
-    """Run the tuning job; returns the final report (also written to run_dir/report.json)."""
+    """Run the tuning job; returns the final report (also written to run_dir/report.json).
+
+    A served target or judge that stops answering (after its retries) ends the run with an ``EndpointError``
+    that names the server; the checkpoint of the last whole step stays, and ``resume=True`` continues from it.
+    """
+    from pipelines.budget import Budget, check_affordable, estimate
     from pipelines.engine.models import load_causal_lm
-    from pipelines.promotion import gate
     from pipelines.ray_scoring import ScoringPool, init_ray
     from pipelines.rl import ppo as rl
     from pipelines.tracking import Tracker
 
     run_dir = Path(options.run_dir)
-    state, policy_ckpt = _start_or_resume(run_dir, resume, log)
     splits = load_splits(task)
+    check_sources(options, log)  # a missing model folder, or a server that is down, stops the run here, named
+    budget = Budget(options.max_target_calls, options.max_tokens)
+    # priced before anything is written (a few seconds): a budget too small for the seed and the test stops here
+    plan = estimate(task, options, splits, scoring_tokenizer(options.target))
+    check_affordable(plan, budget)
+    state, policy_ckpt = _start_or_resume(run_dir, resume, log)
     t0 = time.perf_counter()
     init_ray(options.ray_address)
     pool = ScoringPool(task, splits, target=options.target, judge=options.judge, num_workers=options.num_scorers,
                        reward_examples=options.dev_examples)
-    policy = load_causal_lm(options.policy_model)
-    learner = rl.PPOLearner(policy.model, task.ppo, group_size=task.generation.candidates_per_step)
-    if policy_ckpt is not None:
-        learner.load_adapter(policy_ckpt)
-    pool.wait_ready()
-    timings = {"timing/startup_s": time.perf_counter() - t0}
-    tracker = Tracker(run_dir=run_dir, mode=options.wandb_mode, project=options.wandb_project,
-                      entity=options.wandb_entity, name=f"{task.name}-{run_dir.name}",
-                      config={"task": task.model_dump(mode="json"), "options": asdict(options)},
-                      component_names=list(task.component_names), resume_id=state.wandb_id)
-    state.wandb_id = tracker.run_id
-    log(f"W&B run ({options.wandb_mode}): {tracker.folder}")
+    tracker = None
+    try:
+        policy = load_causal_lm(options.policy_model)
+        learner = rl.PPOLearner(policy.model, task.ppo, group_size=task.generation.candidates_per_step)
+        if policy_ckpt is not None:
+            learner.load_adapter(policy_ckpt)
+        pool.wait_ready()
+        timings = {"timing/startup_s": time.perf_counter() - t0}
+        tracker = Tracker(run_dir=run_dir, mode=options.wandb_mode, project=options.wandb_project,
+                          entity=options.wandb_entity, name=f"{task.name}-{run_dir.name}",
+                          config={"task": task.model_dump(mode="json"), "options": asdict(options)},
+                          component_names=list(task.component_names), resume_id=state.wandb_id)
+        state.wandb_id = tracker.run_id
+        log(f"W&B run ({options.wandb_mode}): {tracker.folder}")
+        try:
+            report = _run(task, options, pool, learner, policy.tokenizer, tracker, state, run_dir, plan, budget, log)
+        except EndpointError as exc:
+            raise EndpointError(
+                f"{exc}. The run stopped after step {state.step} of {options.steps}; its checkpoint is in {run_dir}. "
+                f"Once the server answers again, run the same command with --resume --run-dir {run_dir}"
+            ) from None
+        report["timings"] = {**timings, **report["timings"]}
+        (run_dir / "report.json").write_text(json.dumps(report, indent=1, default=str))
+        return report
+    finally:
+        if tracker is not None:
+            tracker.finish()
+        pool.shutdown()
 
+
+def _run(task, options, pool, learner, tokenizer, tracker, state: LoopState, run_dir: Path, plan, budget, log) -> dict:
+    """Seed, steps, selection, test, promotion: ``tune``'s body once the models and the tracker are up."""
+    from pipelines.promotion import gate
+
+    timings = {}
     seed_text = task.seed_template().text
     if not state.leaderboard:  # the seed is the first incumbent the policy improves on
         (seed,) = pool.measure([seed_text])
-        state.target_calls += seed.target_calls
+        state.charge("seed", seed.usage)
         state.leaderboard = [_row(task, 0, seed)]
+        _save_checkpoint(run_dir, learner, state)  # a server that dies in step 1 does not cost the seed again
     steps = tqdm(range(state.step, options.steps), initial=state.step, total=options.steps, desc=f"tuning {task.name}",
                  unit="step", disable=not options.progress)
     for step in steps:
-        rows, scalars = train_step(task, pool, learner, policy.tokenizer, state, step)
+        if budget:
+            why = plan.affords(budget, state.spent(), 1)
+            if why:
+                state.stopped = f"budget: step {step + 1} and the final test would exceed it ({why})"
+                log(f"stopping before step {step + 1} of {options.steps}: with it and the final test, {why}; "
+                    "testing the best candidate so far")
+                _save_checkpoint(run_dir, learner, state)
+                break
+        rows, scalars = train_step(task, pool, learner, tokenizer, state, step)
         tracker.log_step(state.step, scalars, rows)
         _save_checkpoint(run_dir, learner, state)
         steps.set_postfix(reward=f"{scalars['reward/total/mean']:.3f}", best=f"{state.leaderboard[0]['total_reward']:.3f}")
+    steps.close()
 
     # 6. select: the best candidates re-measured on the whole dev split (tuning never reads test)
     t = time.perf_counter()
     ranked = [row["template"] for row in state.leaderboard if row["template"] != seed_text]
-    finalists, shortlist = select_finalists(task, pool, ranked, options.finalists)
+    finalists, shortlist, select_usage = select_finalists(task, pool, ranked, options.finalists)
     first_seen = {row["template"]: row["step"] for row in state.leaderboard}
     for row in shortlist:
         row["step"] = first_seen.get(row["template"], row["step"])
-    state.target_calls += sum(row["target_calls"] for row in shortlist)
     timings["timing/select_s"] = time.perf_counter() - t
     # 7. test: the seed template against the finalists on the held-out split
     t = time.perf_counter()
@@ -126,21 +182,27 @@ def tune(task: TaskConfig, options: RunOptions, *, resume: bool = False, log=pri
         "(chosen on the whole dev split) on the held-out test split ...")
     evaluations = pool.evaluate([seed_text] + finalists, "test")
     timings["timing/test_eval_s"] = time.perf_counter() - t
+    # the ending is charged once it has run: a run resumed after a failure here pays for it again, and says so
+    state.charge("select", select_usage)
+    for ev in evaluations:
+        state.charge("test", ev.usage)
     gates = [gate(task, ev, None if i == 0 else evaluations[0]) for i, ev in enumerate(evaluations)]
     final_rows = [_final_row(task, "seed" if i == 0 else f"candidate {i}", ev, g)
                   for i, (ev, g) in enumerate(zip(evaluations, gates))]
     tracker.log_leaderboard(sorted(final_rows, key=lambda r: -r[task.scoring.metric]))
-    report = {"task": task.name, "run_dir": str(run_dir), "steps": state.step, "wandb_folder": tracker.folder,
-              "target_calls": state.target_calls, "test": final_rows, "shortlist": shortlist, "history": state.history,
+    spent = state.spent()
+    tracker.log_summary({f"usage/{role}/{k}": v for role, u in spent.items() for k, v in u.as_dict().items()})
+    report = {"task": task.name, "run_dir": str(run_dir), "steps": state.step, "stopped": state.stopped,
+              "wandb_folder": tracker.folder, "target_calls": spent["target"].calls,
+              "usage": {"total": {role: u.as_dict() for role, u in spent.items()}, "phases": state.usage},
+              "estimate": {**plan.as_dict(), "for_steps_run": {role: u.as_dict() for role, u in plan.total(state.step).items()}},
+              "test": final_rows, "shortlist": shortlist, "history": state.history,
               "scorer_workers_replaced": pool.replaced, "timings": timings}
     # 8. promote: the first finalist (best by whole-dev reward) goes through the gate into the store
     if options.store_url:
         from pipelines.promotion import promote
 
         report["promotion"] = promote(task, options.store_url, evaluations, run_dir.name, allow=options.promote)
-    (run_dir / "report.json").write_text(json.dumps(report, indent=1, default=str))
-    tracker.finish()
-    pool.shutdown()
     return report
 
 
@@ -170,12 +232,41 @@ def train_step(task: TaskConfig, pool, learner, tokenizer, state: LoopState, ste
     rows = [_row(task, step + 1, s) for s in scored]
     state.leaderboard = _update_leaderboard(state.leaderboard, rows)
     state.step = step + 1
-    state.target_calls += sum(s.target_calls for s in scored)
+    usage = sum_usage({"policy": batch.usage()}, *(s.usage for s in scored))
+    state.charge("steps", usage)
     scalars = {**_reward_means(rows, task.component_names), **{k: v for k, v in train.items() if k.startswith("train/")},
                **timing, "train/valid_fraction": sum(r["valid"] for r in rows) / len(rows),
-               "train/best_reward": state.leaderboard[0]["total_reward"], "train/target_calls": state.target_calls}
+               "train/best_reward": state.leaderboard[0]["total_reward"], "train/target_calls": state.spent()["target"].calls,
+               **{f"usage/{role}/{k}": v for role, u in usage.items() for k, v in u.as_dict().items()}}
     state.history.append(scalars)
     return rows, scalars
+
+
+def check_sources(options: RunOptions, log) -> None:
+    """Before Ray starts: each local model names a model folder (``check_model_spec``, nothing loaded) and each
+    served one answers ``GET /models`` with its model (each actor checks again, for itself). Otherwise a scoring
+    actor would fail while starting, and the pool would replace it until it gave up."""
+    from pipelines.config import Endpoint
+    from pipelines.engine.endpoints import EndpointLabelScorer
+    from pipelines.engine.models import check_model_spec
+
+    check_model_spec(options.policy_model)
+    for role, source in (("target", options.target), ("judge", options.judge)):
+        if isinstance(source, str):
+            check_model_spec(source)
+        elif isinstance(source, Endpoint):
+            EndpointLabelScorer(source.url, source.model, ["yes", "no"], api_key_env=source.api_key_env,
+                                timeout_s=source.timeout_s).check()
+            log(f"{role}: {source.model} at {source.url}, up to {source.max_concurrency} requests in flight per actor")
+
+
+def scoring_tokenizer(target):
+    """The tokenizer that prices a target's prompts: its own for a local model; the embedded model's for a
+    server (which owns its tokenizer; the scorer counts template tokens with the same one)."""
+    from pipelines.config import Endpoint
+    from pipelines.engine.models import load_tokenizer
+
+    return load_tokenizer(None if isinstance(target, Endpoint) else target)
 
 
 def _start_or_resume(run_dir: Path, resume: bool, log) -> tuple[LoopState, Path | None]:
@@ -191,15 +282,17 @@ def _start_or_resume(run_dir: Path, resume: bool, log) -> tuple[LoopState, Path 
     return LoopState(), None
 
 
-def select_finalists(task: TaskConfig, pool, ranked: list[str], n: int) -> tuple[list[str], list[dict]]:
+def select_finalists(task: TaskConfig, pool, ranked: list[str], n: int) -> tuple[list[str], list[dict], dict]:
     """The ``n`` candidates that go on to the test split, chosen on dev only: the best ``max(4, 2 n)`` by step
     reward (a dev sample, noisy when many candidates compete) are measured again on the whole dev split and
-    ranked by that reward. Returns the finalists and the shortlist's rows (whole-dev reward), best first."""
+    ranked by that reward. Returns the finalists, the shortlist's rows (whole-dev reward), best first, and
+    what measuring them cost (role -> usage)."""
     shortlist = ranked[: max(4, 2 * n)]
     if not shortlist:
-        return [], []
-    rows = sorted((_row(task, 0, s) for s in pool.measure(shortlist, whole_dev=True)), key=lambda r: -r["total_reward"])
-    return [r["template"] for r in rows[:n] if r["valid"]], rows
+        return [], [], {}
+    scored = pool.measure(shortlist, whole_dev=True)
+    rows = sorted((_row(task, 0, s) for s in scored), key=lambda r: -r["total_reward"])
+    return [r["template"] for r in rows[:n] if r["valid"]], rows, sum_usage(*(s.usage for s in scored))
 
 
 def rate_text(m, name: str) -> str | None:
@@ -212,7 +305,8 @@ def _row(task: TaskConfig, step: int, scored) -> dict:
     m, reward = scored.measured, scored.reward
     row = {"step": step, "template": m.template, "instruction": instruction_of(task, m.template), "valid": m.valid,
            "tokens": m.tokens, "total_reward": reward.total, "invalid_reasons": "; ".join(m.reasons),
-           task.scoring.reward_metric: m.metrics.get(task.scoring.reward_metric), "target_calls": scored.target_calls}
+           task.scoring.reward_metric: m.metrics.get(task.scoring.reward_metric), "target_calls": scored.target_calls,
+           "judge_calls": scored.usage["judge"].calls if "judge" in scored.usage else 0}
     row.update(reward.components)
     row.update({f"{name}_n": rate_text(m, name) for name in RATES})
     row["samples"] = [dict(sample) for sample in m.samples]

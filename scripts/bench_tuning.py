@@ -49,7 +49,7 @@ def best_of_n(task, n: int, options, pool) -> tuple[dict, int, float]:
     calls = sum(s.target_calls for s in scored)
     rewards = {s.measured.template: s.reward.total for s in scored if s.measured.valid}
     ranked = sorted(rewards, key=lambda text: -rewards[text])
-    finalists, shortlist = select_finalists(task, pool, ranked, options.finalists)
+    finalists, shortlist, _ = select_finalists(task, pool, ranked, options.finalists)
     calls += sum(row["target_calls"] for row in shortlist)
     (ev,) = pool.evaluate(finalists[:1], "test", latency=False)
     return ev, calls, time.perf_counter() - started
@@ -98,7 +98,7 @@ def main() -> int:
                      "wall_s": round(ppo_s, 1), "instruction": ppo_row["instruction"]})
         print(table([r for r in rows if r["task"] == name], ["task", "method", metric, "roc_auc", "target_calls", "wall_s"]),
               flush=True)
-    print("\nheld-out test split, threshold fitted on train; target_calls = (template, example) pairs the target computed for rewards and selection")
+    print("\nheld-out test split, threshold fitted on train; target_calls = calls to the target for rewards and selection (pipelines/engine/usage.py)")
     print(table(rows, ["task", "method", "balanced_accuracy", "roc_auc", "target_calls", "wall_s"]))
     for r in rows:
         print(f"  {r['task']:<9} {r['method']:<32} {r['instruction'][:110]!r}")

@@ -145,3 +145,16 @@ def write_small_risk_task(tmp_path):
         return str(path)
 
     return write
+
+
+# ======================================================================================
+# Ray: tests that start a local Ray (tuning runs, scoring pools) in this process shut it down
+# at the end of their module, so the next module starts from a clean state.
+# ======================================================================================
+@pytest.fixture(scope="module")
+def ray_session():
+    yield
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()

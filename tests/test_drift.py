@@ -112,26 +112,22 @@ def test_tune_if_below_starts_a_tuning_run_into_the_same_store(server, small_tas
         seen.update(task=task, options=options, resume=resume, json_output=json_output)
         return {"steps": options.steps}
 
-    real_make_scorer = cli.make_scorer
-
-    def scorer_via_server(args, task, splits):  # --tune-if-below refuses endpoint flags; score through the server anyway
-        args.target_url, args.target_model = server.base_url, "scripted"
-        return real_make_scorer(args, task, splits)
-
     monkeypatch.setattr(cli, "run_tuning", fake_run_tuning)
-    monkeypatch.setattr(cli, "make_scorer", scorer_via_server)
-    assert cli.main(["--steps", "3", "--num-scorers", "2", "--seed", "5", "check", "--task", small_task, "--store", store,
-                     "--min-metric", "0.999", "--tune-if-below", "--json"]) == 0  # the tuning run completed
+    assert cli.main(["--steps", "3", "--num-scorers", "2", "--seed", "5", "--max-concurrency", "6", "check", "--task",
+                     small_task, "--store", store, "--min-metric", "0.999", "--tune-if-below", "--json",
+                     "--target-url", server.base_url, "--target-model", "scripted"]) == 0  # the tuning run completed
     options = seen["options"]
     assert options.store_url == store and options.promote and seen["task"].name == "risk"
+    # the run tunes the served model the check scored
+    assert (options.target.url, options.target.model, options.target.max_concurrency) == (server.base_url, "scripted", 6)
     assert (options.steps, options.num_scorers, seen["task"].ppo.seed) == (3, 2, 5)  # the tuning flags reach the run
     report = json.loads(capsys.readouterr().out)
     assert report["passed"] is False and report["tuning"] == {"steps": 3}  # one JSON document with the run inside
     seen.clear()
-    assert cli.main(["check", "--task", small_task, "--store", store, "--min-metric", "0.999", "--tune-if-below"]) == 0
+    assert check(server, small_task, store, "--min-metric", "0.999", "--tune-if-below") == 0
     assert "tuning risk (--tune-if-below)" in capsys.readouterr().out
     seen.clear()
-    assert cli.main(["check", "--task", small_task, "--store", store, "--min-metric", "0.5", "--tune-if-below"]) == 0
+    assert check(server, small_task, store, "--min-metric", "0.5", "--tune-if-below") == 0
     assert not seen  # holds: no tuning
 
 
@@ -150,7 +146,3 @@ def test_unreachable_endpoint_exits_2(server, small_task, store, capsys):
                      "--target-model", "not-served"]) == 2
     assert "does not serve model 'not-served'" in capsys.readouterr().err
 
-
-def test_tune_if_below_refuses_endpoint_flags(server, small_task, store, capsys):
-    assert check(server, small_task, store, "--tune-if-below") == 2
-    assert "--tune-if-below tunes with local models" in capsys.readouterr().err

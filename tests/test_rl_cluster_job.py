@@ -108,7 +108,8 @@ def test_the_reward_file_gets_the_run_s_model_sources_back(tmp_path, capsys):
     options = RunOptions(run_dir=str(run_dir), target=served, judge=EMBEDDED)
     assert cluster_job.prepare_job(load_task("risk"), options, dry_run=True, json_output=True) == 0
     settings = json.loads((run_dir / "reward_settings.json").read_text())
-    assert settings["target"] == {"url": served.url, "model": served.model, "api_key_env": "VLLM_KEY"}
+    assert settings["target"] == {"url": served.url, "model": served.model, "api_key_env": "VLLM_KEY", "max_concurrency": 4,
+                                  "timeout_s": 30.0, "max_retries": 3, "top_logprobs": 20}
     assert model_source(settings["target"]) == served and model_source(settings["judge"]) == EMBEDDED
 
 

@@ -25,15 +25,6 @@ def wandb_tables(run_dir: Path, name: str) -> list[dict]:
     return [json.loads(p.read_text()) for p in files]
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    yield
-    import ray
-
-    if ray.is_initialized():
-        ray.shutdown()
-
-
 @pytest.mark.e2e
 def test_tune_runs_end_to_end_and_fills_wandb_and_the_store(tmp_path, capsys, ray_session):
     run_dir = tmp_path / "run"

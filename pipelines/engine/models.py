@@ -131,6 +131,23 @@ def embedded_model_dir(cache_dir: Path | None = None, dtype_name: str | None = N
     return target
 
 
+def check_model_spec(spec: str) -> None:
+    """Raise ``ModelLoadError`` naming the fix for a spec that cannot be a model: an unknown embedded name, a path
+    that does not exist, or a folder without config.json. Cheap (no loading): a caller that loads the model
+    elsewhere (a tuning run's Ray scoring workers) checks with it before starting them."""
+    if spec.startswith("embedded:"):
+        if spec != EMBEDDED:
+            raise ModelLoadError(f"unknown embedded model {spec!r}; the embedded model is {EMBEDDED!r}")
+        return
+    local = Path(spec).expanduser()
+    if spec.startswith(("/", ".", "~")) and not local.exists():
+        raise ModelLoadError(f"cannot load model {spec!r}: no such folder; give a Hugging Face model folder or hub id")
+    if local.exists() and not (local / "config.json").is_file():
+        raise ModelLoadError(
+            f"cannot load model {spec!r}: the folder has no config.json; point at a Hugging Face model folder"
+        )
+
+
 def load_causal_lm(
     spec: str = EMBEDDED, *, cache_dir: Path | None = None, dtype: str | None = None, _rebuilt: bool = False
 ) -> LoadedLM:
@@ -148,17 +165,9 @@ def load_causal_lm(
         raise ModelLoadError(f"dtype {dtype!r} is not supported; use bfloat16 or float32")
     if spec == EMBEDDED:
         path: str | Path = embedded_model_dir(cache_dir, dtype)
-    elif spec.startswith("embedded:"):
-        raise ModelLoadError(f"unknown embedded model {spec!r}; the embedded model is {EMBEDDED!r}")
     else:
+        check_model_spec(spec)
         path = spec
-        local = Path(spec).expanduser()
-        if spec.startswith(("/", ".", "~")) and not local.exists():
-            raise ModelLoadError(f"cannot load model {spec!r}: no such folder; give a Hugging Face model folder or hub id")
-        if local.exists() and not (local / "config.json").is_file():
-            raise ModelLoadError(
-                f"cannot load model {spec!r}: the folder has no config.json; point at a Hugging Face model folder"
-            )
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))

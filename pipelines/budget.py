@@ -1,0 +1,268 @@
+"""What a tuning run will cost, before it starts, and the budget that stops it.
+
+``estimate`` runs the run's own scoring code (``CandidateScorer.measure`` and ``evaluate``, with their caches,
+entity swaps, PromptBench perturbations, judge items and latency probes) against ``CountingModel``s: stand-ins
+that answer instantly and count what a real model would have been asked. So the estimate follows the code:
+a change to what scoring asks is priced without touching this file. What it cannot know in advance:
+
+* which candidates the policy writes. It prices distinct, valid ones as long as the policy may write (the
+  most tokens); an invalid candidate costs nothing and a repeated one is answered from the cache, so a run
+  makes at most the estimated calls, and about as many when its candidates are valid and distinct;
+* how long the answers are. Completion tokens are priced at the task's limit (``answer.max_new_tokens``);
+  real answers stop earlier, so token figures are an upper bound.
+
+Local models and servers differ in one place: a local answer reads the label log-probs in the same pass
+(one call), a server returns either an answer or log-probs (two calls); ``CountingModel(served=...)`` follows.
+
+``Budget`` caps the target's calls and the target's and the judge's tokens (what servers bill). Before each
+step the loop asks ``Plan.affords``: the calls spent so far, plus one more step, plus the selection and the
+held-out test that end every run, must fit. A run that cannot afford the seed and the final test does not
+start; a run that can stops after the last step it can pay for, and still tests and records its best.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from pipelines.config import Endpoint, ModelSource, RunOptions, TaskConfig
+from pipelines.data import Splits
+from pipelines.engine.answers import Answer
+from pipelines.engine.usage import ROLES, Usage
+
+PHASES = ("seed", "steps", "select", "test")
+
+
+class BudgetError(ValueError):
+    """The budget cannot pay for the smallest run; the message says how much it needs."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    max_target_calls: int | None = None  # calls to the target model (see pipelines/engine/usage.py)
+    max_tokens: int | None = None  # prompt and completion tokens of the target and the judge together
+
+    def over(self, spent: dict[str, Usage]) -> str | None:
+        """Why ``spent`` is over this budget (None when it is within)."""
+        target, judge = spent.get("target", Usage()), spent.get("judge", Usage())
+        if self.max_target_calls is not None and target.calls > self.max_target_calls:
+            return f"{target.calls} target calls > --max-target-calls {self.max_target_calls}"
+        if self.max_tokens is not None and target.tokens + judge.tokens > self.max_tokens:
+            return f"{target.tokens + judge.tokens} target and judge tokens > --max-tokens {self.max_tokens}"
+        return None
+
+    def __bool__(self) -> bool:
+        return self.max_target_calls is not None or self.max_tokens is not None
+
+
+@dataclass
+class Plan:
+    """The estimated cost of a run, per phase and role: ``steps`` is one step's cost (each step costs the same)."""
+
+    steps: int
+    phases: dict[str, dict[str, Usage]] = field(default_factory=dict)
+
+    def total(self, steps: int | None = None) -> dict[str, Usage]:
+        steps = self.steps if steps is None else steps
+        out = {role: Usage() for role in ROLES}
+        for phase, per_role in self.phases.items():
+            times = steps if phase == "steps" else 1
+            for role, usage in per_role.items():
+                out[role] = out[role] + Usage(usage.calls * times, usage.prompt_tokens * times,
+                                              usage.completion_tokens * times)
+        return out
+
+    def ending(self) -> dict[str, Usage]:
+        """What the run still spends after its last step: the shortlist on the whole dev split, and the test."""
+        out = {role: Usage() for role in ROLES}
+        for phase in ("select", "test"):
+            for role, usage in self.phases.get(phase, {}).items():
+                out[role] = out[role] + usage
+        return out
+
+    def affords(self, budget: Budget, spent: dict[str, Usage], more_steps: int) -> str | None:
+        """None when ``spent`` plus ``more_steps`` steps plus the ending fits ``budget``; else why not."""
+        after = dict(spent)
+        extra = [self.ending()] + [self.phases.get("steps", {})] * more_steps
+        for part in extra:
+            for role, usage in part.items():
+                after[role] = after.get(role, Usage()) + usage
+        return budget.over(after)
+
+    def rows(self) -> list[dict]:
+        """One row per phase and role, and the totals, for a table."""
+        rows = []
+        for phase in PHASES:
+            times = self.steps if phase == "steps" else 1
+            for role in ROLES:
+                usage = self.phases.get(phase, {}).get(role, Usage())
+                if usage.calls:
+                    label = f"{self.steps} step{'s' if self.steps != 1 else ''}" if phase == "steps" else phase
+                    rows.append({"phase": label, "role": role,
+                                 "calls": usage.calls * times, "prompt_tokens": usage.prompt_tokens * times,
+                                 "completion_tokens (at most)": usage.completion_tokens * times})
+        for role, usage in self.total().items():
+            rows.append({"phase": "total", "role": role, "calls": usage.calls, "prompt_tokens": usage.prompt_tokens,
+                         "completion_tokens (at most)": usage.completion_tokens})
+        return rows
+
+    def as_dict(self) -> dict:
+        return {"steps": self.steps,
+                "phases": {p: {r: u.as_dict() for r, u in per.items()} for p, per in self.phases.items()},
+                "total": {r: u.as_dict() for r, u in self.total().items()}}
+
+
+class CountingModel:
+    """A stand-in for a label scorer that answers at once and counts what the real model would be asked,
+    with the real scorers' caches: (template, input) for log-probs, (template, input, limit) for answers.
+    ``served``: a server (an answer and the log-probs are two calls) or a local model (one pass, one call)."""
+
+    def __init__(self, verbalizers: Sequence[str], tokenizer, *, chat_template: bool, served: bool):
+        self.verbalizers = list(verbalizers)
+        self.tokenizer = tokenizer
+        self.chat_template = chat_template
+        self.served = served
+        self.usage = Usage()
+        self._scored: set[tuple[str, str]] = set()
+        self._answered: set[tuple] = set()
+        self._frames: dict[str, tuple[int, int]] = {}
+
+    def _prompt_tokens(self, template, text: str) -> int:
+        if template.text not in self._frames:
+            from pipelines.engine.target import prompt_frame
+
+            before, after = prompt_frame(self.tokenizer, template, self.chat_template)
+            count = lambda s: len(self.tokenizer(s, add_special_tokens=False).input_ids)  # noqa: E731
+            self._frames[template.text] = (count(before), count(after))
+        before, after = self._frames[template.text]
+        return before + after + len(self.tokenizer(text, add_special_tokens=False).input_ids)
+
+    def _row(self, text: str) -> np.ndarray:
+        """Made-up but fixed log-probs (the scoring code's arithmetic needs numbers, not these ones)."""
+        value = int(hashlib.sha256(text.encode()).hexdigest()[:8], 16) / 2**32
+        raw = np.log(np.array([value + 0.1] + [1.1 - value] * (len(self.verbalizers) - 1)))
+        return (raw - np.logaddexp.reduce(raw)).astype(np.float32)
+
+    def score(self, template, texts: Sequence[str]) -> np.ndarray:
+        for text in dict.fromkeys(texts):
+            if (template.text, text) not in self._scored:
+                self._scored.add((template.text, text))
+                self.usage.add(1, self._prompt_tokens(template, text), 1 if self.served else 0)
+        return np.stack([self._row(text) for text in texts]) if texts else np.zeros((0, len(self.verbalizers)))
+
+    def answer(self, template, texts: Sequence[str], max_new_tokens: int, complete=None) -> list[Answer]:
+        key = (template.text, max_new_tokens) if self.served else (template.text, max_new_tokens, complete is not None)
+        for text in dict.fromkeys(texts):
+            if (*key, text) not in self._answered:
+                self._answered.add((*key, text))
+                self.usage.add(1, self._prompt_tokens(template, text), max_new_tokens)
+                if not self.served:  # the local answer's first pass reads the labels too
+                    self._scored.add((template.text, text))
+        # an answer of its own per template: the judge grades (input, answer) pairs, and a repeated pair is free
+        word = f"{self.verbalizers[0]} {hashlib.sha256(template.text.encode()).hexdigest()[:8]}"
+        return [Answer(word, False, max_new_tokens) for _ in texts]
+
+    def request_latency_ms(self, template, texts: Sequence[str], n: int = 12) -> dict[str, float]:
+        for text in list(texts)[:n]:
+            self.usage.add(1, self._prompt_tokens(template, text), 1 if self.served else 0)
+        return {"p50": 0.0, "p95": 0.0, "error_rate": 0.0}
+
+
+def synthetic_instructions(task: TaskConfig, tokenizer, n: int, offset: int = 0) -> list[str]:
+    """``n`` distinct instructions as long as the policy may write (``max_instruction_tokens``), each a valid
+    candidate: what the estimate prices a step's candidates as."""
+    words = "Check the message for prizes, urgent payment requests, unknown links and premium numbers".split()
+    out = []
+    for i in range(offset, offset + n):
+        text = f"Rule {i}:"
+        for word in words * 8:
+            longer = f"{text} {word}"
+            if len(tokenizer(longer, add_special_tokens=False).input_ids) > task.template.max_instruction_tokens:
+                break
+            text = longer
+        out.append(text)
+    return out
+
+
+def counting_models(task: TaskConfig, tokenizer, target: ModelSource, judge: ModelSource | None):
+    """The stand-ins for the run's target and judge, served or local as the run's are."""
+    from rewards.judge import JUDGE_VERBALIZERS
+
+    served = isinstance(target, Endpoint)
+    target_model = CountingModel(task.verbalizers, tokenizer, chat_template=task.template.chat_template, served=served)
+    judge_served = isinstance(judge, Endpoint) if judge is not None else served
+    judge_model = CountingModel(list(JUDGE_VERBALIZERS), tokenizer, chat_template=True, served=judge_served)
+    return target_model, judge_model
+
+
+def estimate(task: TaskConfig, options: RunOptions, splits: Splits, tokenizer) -> Plan:
+    """The calls and tokens ``tune(task, options)`` will ask of its models, phase by phase (see the module doc)."""
+    from pipelines.scoring import CandidateScorer
+
+    target, judge = counting_models(task, tokenizer, options.target, options.judge)
+    scorer = CandidateScorer(task, splits, target, judge, tokenizer, reward_examples=options.dev_examples)
+    k = task.generation.candidates_per_step
+    plan = Plan(steps=options.steps)
+
+    def priced(run) -> dict[str, Usage]:
+        before = scorer.spent()
+        run()
+        return scorer.spent_since(before)
+
+    seed = task.seed_template().text
+    plan.phases["seed"] = priced(lambda: scorer.measure([seed]))
+    step = priced(lambda: scorer.measure([task.compose(t) for t in synthetic_instructions(task, tokenizer, k)]))
+    step["policy"] = Usage(k, k * _longest_meta_prompt(task, tokenizer), k * task.template.max_instruction_tokens)
+    plan.phases["steps"] = step
+    # the shortlist: the best max(4, 2 x finalists) candidates of the run, measured again on the whole dev split
+    shortlist_size = min(max(4, 2 * options.finalists), options.steps * k)
+    shortlist = [task.compose(t) for t in synthetic_instructions(task, tokenizer, shortlist_size, offset=k)]
+    scorer.measure(shortlist)  # what the steps already paid for
+    plan.phases["select"] = priced(lambda: scorer.measure(shortlist, whole_dev=True))
+    finalists = shortlist[: min(options.finalists, shortlist_size)]
+
+    def test():
+        for text in [seed] + finalists:
+            scorer.evaluate(text, "test", latency=True)
+
+    plan.phases["test"] = priced(test)
+    return plan
+
+
+def _longest_meta_prompt(task: TaskConfig, tokenizer) -> int:
+    """Tokens of the longest prompt the policy can read: the longest instruction it may write, and the two
+    weaknesses whose words are longest (the meta-prompt names the two weakest components)."""
+    from itertools import combinations
+
+    from pipelines.generation import meta_prompt
+
+    (instruction,) = synthetic_instructions(task, tokenizer, 1)
+    weighted = [name for name, weight in task.reward.weights.items() if weight > 0]
+    longest = 0
+    for pair in combinations(weighted, min(2, len(weighted))) if weighted else [()]:
+        scores = {name: (-1.0 if name in pair else 1.0) for name in weighted}  # the pair loses most
+        scores.update({name: (1.0 if name in pair else 0.0) for name in ("length", "threshold_shortfall") if name in scores})
+        prompt = meta_prompt(task, instruction, scores)
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=True,
+                                            add_generation_prompt=True, return_dict=True)["input_ids"]
+        longest = max(longest, len(ids))
+    return longest
+
+
+def check_affordable(plan: Plan, budget: Budget) -> None:
+    """Raise ``BudgetError`` when the budget cannot pay for the seed and the run's ending (zero steps)."""
+    if not budget:
+        return
+    smallest = {role: plan.phases.get("seed", {}).get(role, Usage()) + plan.ending().get(role, Usage()) for role in ROLES}
+    why = budget.over(smallest)
+    if why:
+        need_calls = smallest["target"].calls
+        need_tokens = smallest["target"].tokens + smallest["judge"].tokens
+        raise BudgetError(
+            f"the budget cannot pay for measuring the seed and the final test ({why}): those take about "
+            f"{need_calls} target calls and {need_tokens} tokens; raise the budget, or lower --dev-examples "
+            "or the task's test split"
+        )
