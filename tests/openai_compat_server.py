@@ -1,12 +1,16 @@
 """A small OpenAI-compatible HTTP server on loopback, for tests: the real embedded model or a scripted one.
 
 Routes, shaped like vLLM's: ``GET /v1/models``, ``POST /v1/chat/completions`` and ``POST /v1/completions``,
-greedy (temperature 0) with real top-k log-probs of each generated token. Chat messages go through the
-tokenizer's chat template with ``add_generation_prompt=True`` and are tokenized without special tokens added,
-as vLLM does for chat. Errors look like vLLM's: ``{"error": {"message", "type", "code"}}``, and an unknown route
-is FastAPI's ``{"detail": "Not Found"}``.
+greedy (temperature 0) with real top-k log-probs of each generated token, decoding with a key/value cache and
+stopping at the model's stop tokens (``generation_config.eos_token_id``, whose text is not in the answer), as
+vLLM does. Chat messages go through the tokenizer's chat template with ``add_generation_prompt=True`` and are
+tokenized without special tokens added, as vLLM does for chat. ``usage`` carries ``prompt_tokens`` (the prompt
+ids after the chat template), ``completion_tokens`` and ``total_tokens``; ``server.usage_totals`` adds them up
+over every answered request. Errors look like vLLM's: ``{"error": {"message", "type", "code"}}``, and an unknown
+route is FastAPI's ``{"detail": "Not Found"}``.
 
-``server.faults`` simulates a bad server (it may be changed while running):
+``server.faults`` simulates a bad or distant server (it may be changed while running):
+``latency_s`` (a network round trip: every request waits this long, concurrently with the others),
 ``stall_s`` (sleep before answering), ``fail_first`` (500 for the first N completion requests),
 ``rate_limit_first`` (429 for the first N), ``no_logprobs`` (answer text only, ``logprobs: null``),
 ``no_choices`` (200 with an empty ``choices`` list).
@@ -14,7 +18,12 @@ is FastAPI's ``{"detail": "Not Found"}``.
     with OpenAICompatServer(ModelBackend(load_causal_lm()), "smollm2") as server:
         server.base_url  # http://127.0.0.1:<free port>/v1
 
-Run it by hand to point the CLI at it: ``python tests/openai_compat_server.py --port 8000``.
+Run it by hand to point the CLI at it: ``python tests/openai_compat_server.py --port 8000 [--latency-ms 50]``;
+once it serves, it prints one line to stdout, ``serving <name> at http://127.0.0.1:<port>/v1``.
+
+Requests that arrive together are not batched (vLLM would): the model answers one at a time under a lock. On
+2 AVX2 cores in float32, one left-padded pass over 8 risk prompts ran 0.91 times as fast as 8 single passes with
+1 torch thread and 1.13-1.20 times as fast with 2 (padding eats most of the gain): not worth a batching scheduler.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ Step = tuple[str, float, list[tuple[str, float]]]
 
 @dataclass
 class Faults:
+    latency_s: float = 0.0  # a simulated network round trip: every request waits this long, outside the model lock
     stall_s: float = 0.0  # sleep this long before answering a completion request
     fail_first: int = 0  # answer the first N completion requests with 500
     rate_limit_first: int = 0  # answer the first N completion requests with 429
@@ -47,6 +57,8 @@ class ModelBackend:
     def __init__(self, lm):
         self.lm = lm
         self._lock = threading.Lock()
+        eos = getattr(lm.model.generation_config, "eos_token_id", None)  # SmolLM2's <|im_end|>, where vLLM reads it
+        self._stop = {*([eos] if isinstance(eos, int) else eos or []), lm.tokenizer.eos_token_id} - {None}
 
     def prompt_ids(self, messages: list[dict] | None, prompt: str | None) -> list[int]:
         tok = self.lm.tokenizer
@@ -54,47 +66,57 @@ class ModelBackend:
             prompt = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return tok(prompt, add_special_tokens=False).input_ids
 
-    def generate(self, messages: list[dict] | None, prompt: str | None, max_tokens: int, top_k: int) -> list[Step]:
+    def generate(self, messages: list[dict] | None, prompt: str | None, max_tokens: int,
+                 top_k: int) -> tuple[int, list[Step]]:
+        """(prompt tokens, the generated steps)."""
         import torch
 
         tok, model = self.lm.tokenizer, self.lm.model
         ids = self.prompt_ids(messages, prompt)
         steps: list[Step] = []
+        step_ids, cache = ids, None
         with self._lock, torch.inference_mode():
             for _ in range(max_tokens):
-                logits = model(input_ids=torch.tensor([ids]), logits_to_keep=1).logits[0, -1]
-                logprobs = torch.log_softmax(logits.float(), dim=-1)
+                out = model(input_ids=torch.tensor([step_ids]), past_key_values=cache, use_cache=True, logits_to_keep=1)
+                cache = out.past_key_values
+                logprobs = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
                 values, indices = logprobs.topk(max(top_k, 1))
                 chosen = int(indices[0])
                 top = [(tok.decode([int(i)]), float(v)) for v, i in zip(values[:top_k], indices[:top_k])]
-                if chosen == tok.eos_token_id:  # like vLLM: the stop token ends the answer, its text is not in it
+                if chosen in self._stop:  # like vLLM: the stop token ends the answer, its text is not in it
                     steps.append(("", float(values[0]), top))
                     break
                 steps.append((tok.decode([chosen]), float(values[0]), top))
-                ids.append(chosen)
-        return steps
+                step_ids = [chosen]
+        return len(ids), steps
 
 
 class ScriptedBackend:
-    """No model: ``rule(prompt text) -> [(token, log-prob)]``, most likely first. Each step repeats the rule's answer."""
+    """No model: ``rule(prompt text) -> [(token, log-prob)]``, most likely first. One step, the rule's first token.
+    Without a tokenizer, ``prompt_tokens`` counts the whitespace-separated words of the prompt (every message's)."""
 
     def __init__(self, rule: Callable[[str], list[tuple[str, float]]]):
         self.rule = rule
 
-    def generate(self, messages: list[dict] | None, prompt: str | None, max_tokens: int, top_k: int) -> list[Step]:
+    def generate(self, messages: list[dict] | None, prompt: str | None, max_tokens: int,
+                 top_k: int) -> tuple[int, list[Step]]:
         text = messages[-1]["content"] if messages is not None else prompt
+        texts = [str(m.get("content", "")) for m in messages] if messages is not None else [prompt]
+        words = sum(len(t.split()) for t in texts)
         top = self.rule(text)
-        return [(top[0][0], top[0][1], top[:top_k])]
+        return words, [(top[0][0], top[0][1], top[:top_k])]
 
 
 class OpenAICompatServer:
     def __init__(self, backend, model_name: str = "smollm2-135m-instruct", *, api_key: str | None = None,
-                 faults: Faults | None = None):
+                 faults: Faults | None = None, max_logprobs: int | None = None):
         self.backend = backend
         self.model_name = model_name
         self.api_key = api_key
         self.faults = faults or Faults()
+        self.max_logprobs = max_logprobs  # like vLLM's --max-logprobs (None: MAX_TOP_LOGPROBS)
         self.completion_requests = 0  # POSTs to a completion route, faulted ones included
+        self.usage_totals = {"prompt_tokens": 0, "completion_tokens": 0}  # over the answered completion requests
         self.log: list[tuple[str, int]] = []  # (path, status) of every request
         self._count_lock = threading.Lock()
         self._stopping = threading.Event()
@@ -137,6 +159,9 @@ class OpenAICompatServer:
     # --- request handling (called from handler threads) ----------------------------------------------
     def handle(self, method: str, path: str, headers, body: bytes) -> tuple[int, dict, dict]:
         """(status, JSON body, extra headers) for one request."""
+        faults = self.faults
+        if faults.latency_s:  # on the wire, not in the model: concurrent requests wait at the same time
+            self._stopping.wait(faults.latency_s)
         if self.api_key is not None and headers.get("Authorization") != f"Bearer {self.api_key}":
             return 401, {"error": "Unauthorized"}, {}
         if method == "GET" and path == "/v1/models":
@@ -146,7 +171,6 @@ class OpenAICompatServer:
         with self._count_lock:
             self.completion_requests += 1
             n = self.completion_requests
-        faults = self.faults
         if faults.stall_s:
             self._stopping.wait(faults.stall_s)
         if n <= faults.fail_first:
@@ -164,16 +188,20 @@ class OpenAICompatServer:
             want = request.get("top_logprobs", 0) if request.get("logprobs") else None
         else:
             want = request.get("logprobs")
-        if want is not None and not 0 <= int(want) <= MAX_TOP_LOGPROBS:
-            return 400, _error(f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}", "BadRequestError", 400), {}
+        limit = self.max_logprobs or MAX_TOP_LOGPROBS
+        if want is not None and not 0 <= int(want) <= limit:
+            return 400, _error(f"logprobs must be between 0 and {limit}", "BadRequestError", 400), {}
         if faults.no_choices:
             return 200, {"id": f"cmpl-{n}", "object": "chat.completion", "model": self.model_name, "choices": []}, {}
         if faults.no_logprobs:
             want = None
-        steps = self.backend.generate(
+        prompt_tokens, steps = self.backend.generate(
             request.get("messages") if chat else None, None if chat else request.get("prompt", ""),
             int(request.get("max_tokens") or 16), int(want or 0),
         )
+        with self._count_lock:
+            self.usage_totals["prompt_tokens"] += prompt_tokens
+            self.usage_totals["completion_tokens"] += len(steps)
         text = "".join(token for token, _, _ in steps)
         limit = int(request.get("max_tokens") or 16)
         stopped = len(steps) < limit or (steps and steps[-1][0] == "")  # "": the end-of-sequence token
@@ -195,7 +223,8 @@ class OpenAICompatServer:
         return 200, {
             "id": f"cmpl-{n}", "object": "chat.completion" if chat else "text_completion",
             "created": int(time.time()), "model": self.model_name, "choices": [choice],
-            "usage": {"completion_tokens": len(steps)},
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(steps),
+                      "total_tokens": prompt_tokens + len(steps)},
         }, {}
 
 
@@ -247,8 +276,13 @@ if __name__ == "__main__":
     parser.add_argument("--model", default=EMBEDDED, help="what load_causal_lm() loads")
     parser.add_argument("--name", default="smollm2-135m-instruct", help="the model id clients send")
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], help="default: the machine's (models.default_dtype)")
+    parser.add_argument("--latency-ms", type=float, default=0.0, help="a simulated network round trip per request")
+    parser.add_argument("--max-logprobs", type=int, default=MAX_TOP_LOGPROBS, help="as vLLM's: the most top log-probs a request may ask for")
     args = parser.parse_args()
-    srv = OpenAICompatServer(ModelBackend(load_causal_lm(args.model, dtype=args.dtype)), args.name).start(args.port)
+    if args.latency_ms < 0:
+        parser.error(f"--latency-ms {args.latency_ms} must not be negative")
+    srv = OpenAICompatServer(ModelBackend(load_causal_lm(args.model, dtype=args.dtype)), args.name,
+                             faults=Faults(latency_s=args.latency_ms / 1000), max_logprobs=args.max_logprobs).start(args.port)
     print(f"serving {args.name} at {srv.base_url}", flush=True)
     try:
         threading.Event().wait()
