@@ -187,14 +187,24 @@ def synthetic_instructions(task: TaskConfig, tokenizer, n: int, offset: int = 0)
     return out
 
 
+def scoring_tokenizer(source: ModelSource):
+    """The tokenizer that prices a model's prompts: its own for a local model; the embedded model's for a server
+    (which owns its tokenizer; the scorer counts template tokens with the same one)."""
+    from pipelines.engine.models import load_tokenizer
+
+    return load_tokenizer(None if isinstance(source, Endpoint) else source)
+
+
 def counting_models(task: TaskConfig, tokenizer, target: ModelSource, judge: ModelSource | None):
-    """The stand-ins for the run's target and judge, served or local as the run's are."""
+    """The stand-ins for the run's target and judge, served or local as the run's are; ``tokenizer`` is the
+    target's (a separate judge's own is loaded here)."""
     from rewards.judge import JUDGE_VERBALIZERS
 
     served = isinstance(target, Endpoint)
     target_model = CountingModel(task.verbalizers, tokenizer, chat_template=task.template.chat_template, served=served)
     judge_served = isinstance(judge, Endpoint) if judge is not None else served
-    judge_model = CountingModel(list(JUDGE_VERBALIZERS), tokenizer, chat_template=True, served=judge_served)
+    judge_tokenizer = tokenizer if judge is None or judge == target else scoring_tokenizer(judge)
+    judge_model = CountingModel(list(JUDGE_VERBALIZERS), judge_tokenizer, chat_template=True, served=judge_served)
     return target_model, judge_model
 
 

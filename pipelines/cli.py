@@ -374,8 +374,7 @@ def cmd_tune(args) -> int:
 
 def print_estimate(task: TaskConfig, options: RunOptions, *, json_output: bool) -> int:
     """``--estimate``: the calls and tokens the run would take, priced by the run's own scoring code; runs nothing."""
-    from pipelines.budget import Budget, estimate
-    from pipelines.loop import scoring_tokenizer
+    from pipelines.budget import Budget, estimate, scoring_tokenizer
 
     splits = split_examples(task, load_examples(task))
     plan = estimate(task, options, splits, scoring_tokenizer(options.target))
@@ -593,7 +592,8 @@ def build_parser() -> argparse.ArgumentParser:
     tuning.add_argument("--judge-model", help="a separate judge: a local model, or with --target-url/--judge-url a "
                         "model name that server serves")
     served = parser.add_argument_group(
-        "tuning a served model (OpenAI-compatible: vLLM, TGI, a gateway); also read by eval and check when given "
+        "tuning a served model (OpenAI-compatible: vLLM, TGI, a gateway); eval, check and predict take their own "
+        "--target-url/--target-model/--judge-url/--api-key-env, and the four connection flags below when given "
         "before the command")
     served.add_argument("--target-url", help="the target's server, e.g. http://localhost:8000/v1 "
                         "(vLLM: vllm serve MODEL --max-logprobs 20)")

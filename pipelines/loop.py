@@ -92,7 +92,7 @@ def tune(task: TaskConfig, options: RunOptions, *, resume: bool = False, log=pri
     A served target or judge that stops answering (after its retries) ends the run with an ``EndpointError``
     that names the server; the checkpoint of the last whole step stays, and ``resume=True`` continues from it.
     """
-    from pipelines.budget import Budget, check_affordable, estimate
+    from pipelines.budget import Budget, check_affordable, estimate, scoring_tokenizer
     from pipelines.engine.models import load_causal_lm
     from pipelines.ray_scoring import ScoringPool, init_ray
     from pipelines.rl import ppo as rl
@@ -127,6 +127,8 @@ def tune(task: TaskConfig, options: RunOptions, *, resume: bool = False, log=pri
         try:
             report = _run(task, options, pool, learner, policy.tokenizer, tracker, state, run_dir, plan, budget, log)
         except EndpointError as exc:
+            if _load_checkpoint(run_dir) is None:  # it failed before the seed's checkpoint: nothing to resume
+                raise EndpointError(f"{exc}. Once the server answers again, run the same command") from None
             raise EndpointError(
                 f"{exc}. The run stopped after step {state.step} of {options.steps}; its checkpoint is in {run_dir}. "
                 f"Once the server answers again, run the same command with --resume --run-dir {run_dir}"
@@ -151,6 +153,7 @@ def _run(task, options, pool, learner, tokenizer, tracker, state: LoopState, run
         state.charge("seed", seed.usage)
         state.leaderboard = [_row(task, 0, seed)]
         _save_checkpoint(run_dir, learner, state)  # a server that dies in step 1 does not cost the seed again
+    state.stopped = None  # a resumed run may have a larger budget than the one that stopped it
     steps = tqdm(range(state.step, options.steps), initial=state.step, total=options.steps, desc=f"tuning {task.name}",
                  unit="step", disable=not options.progress)
     for step in steps:
@@ -186,6 +189,7 @@ def _run(task, options, pool, learner, tokenizer, tracker, state: LoopState, run
     state.charge("select", select_usage)
     for ev in evaluations:
         state.charge("test", ev.usage)
+    _save_checkpoint(run_dir, learner, state)  # a resumed run (say, with a larger budget) counts this ending too
     gates = [gate(task, ev, None if i == 0 else evaluations[0]) for i, ev in enumerate(evaluations)]
     final_rows = [_final_row(task, "seed" if i == 0 else f"candidate {i}", ev, g)
                   for i, (ev, g) in enumerate(zip(evaluations, gates))]
@@ -246,7 +250,7 @@ def check_sources(options: RunOptions, log) -> None:
     """Before Ray starts: each local model names a model folder (``check_model_spec``, nothing loaded) and each
     served one answers ``GET /models`` with its model (each actor checks again, for itself). Otherwise a scoring
     actor would fail while starting, and the pool would replace it until it gave up."""
-    from pipelines.config import Endpoint
+    from pipelines.config import ConfigError, Endpoint
     from pipelines.engine.endpoints import EndpointLabelScorer
     from pipelines.engine.models import check_model_spec
 
@@ -255,18 +259,13 @@ def check_sources(options: RunOptions, log) -> None:
         if isinstance(source, str):
             check_model_spec(source)
         elif isinstance(source, Endpoint):
-            EndpointLabelScorer(source.url, source.model, ["yes", "no"], api_key_env=source.api_key_env,
-                                timeout_s=source.timeout_s).check()
+            try:
+                scorer = EndpointLabelScorer(source.url, source.model, ["yes", "no"], api_key_env=source.api_key_env,
+                                             timeout_s=source.timeout_s)
+            except ValueError as exc:  # a URL without http://, no model name
+                raise ConfigError(f"--{role}-url: {exc}") from None
+            scorer.check()
             log(f"{role}: {source.model} at {source.url}, up to {source.max_concurrency} requests in flight per actor")
-
-
-def scoring_tokenizer(target):
-    """The tokenizer that prices a target's prompts: its own for a local model; the embedded model's for a
-    server (which owns its tokenizer; the scorer counts template tokens with the same one)."""
-    from pipelines.config import Endpoint
-    from pipelines.engine.models import load_tokenizer
-
-    return load_tokenizer(None if isinstance(target, Endpoint) else target)
 
 
 def _start_or_resume(run_dir: Path, resume: bool, log) -> tuple[LoopState, Path | None]:

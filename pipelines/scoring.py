@@ -167,8 +167,13 @@ class CandidateScorer:
         # Each role counts its own calls, also when the target judges with the same scorer (and cache).
         self.target = Metered(target)
         self.judge_scorer = Metered(judge)
-        self.judge = Judge(task.judge.rubrics, self.judge_scorer.score, task.judge.max_errors, frame=RESPONSE_FRAME)
-        self.template_judge = Judge(task.judge.template_rubrics, self.judge_scorer.score, task.judge.max_errors)
+        # A judge server that stops answering ends the run like the target's would (resumably), not as missing grades
+        from pipelines.engine.endpoints import EndpointError
+
+        self.judge = Judge(task.judge.rubrics, self.judge_scorer.score, task.judge.max_errors, frame=RESPONSE_FRAME,
+                           fatal=(EndpointError,))
+        self.template_judge = Judge(task.judge.template_rubrics, self.judge_scorer.score, task.judge.max_errors,
+                                    fatal=(EndpointError,))
         self.contract = task_contract(task)
         self.tokenizer = tokenizer
         cfg = task.scoring

@@ -50,7 +50,11 @@ class JudgeError(RuntimeError):
 
 
 class Judge:
-    def __init__(self, rubrics: Mapping[str, str], ask: AskFn, max_errors: int = 5, frame: str = TEMPLATE_FRAME):
+    def __init__(self, rubrics: Mapping[str, str], ask: AskFn, max_errors: int = 5, frame: str = TEMPLATE_FRAME,
+                 fatal: tuple[type[BaseException], ...] = ()):
+        """``fatal``: failures that are not the judge's to absorb (a server that stopped answering ends the run,
+        resumably, rather than quietly scoring its rubrics as missing)."""
+        self.fatal = fatal
         if not callable(ask):
             raise TypeError("the judge's ask function must be callable as ask(template, candidates)")
         self.frames: dict[str, Template] = {}
@@ -74,7 +78,9 @@ class Judge:
                 logprobs = np.asarray(self.ask(frame, list(candidates)), dtype=np.float64)
                 if logprobs.shape != (len(candidates), len(JUDGE_VERBALIZERS)):
                     raise ValueError(f"judge returned shape {logprobs.shape}")
-            except Exception as exc:  # any judge failure is counted, bounded, and reported below
+            except self.fatal:
+                raise
+            except Exception as exc:  # any other judge failure is counted, bounded, and reported below
                 self._failed(name, exc)
                 for row in out:
                     row[name] = None

@@ -45,6 +45,8 @@ def test_usage_adds_per_role_and_metered_counts_one_roles_share_of_a_shared_scor
         "target": Usage(2, 3, 3), "judge": Usage(1)}
 
     class Tok:
+        chat_template = "<user> {content} <assistant>"
+
         def __call__(self, text, add_special_tokens=False):
             return type("Ids", (), {"input_ids": text.split()})()
 

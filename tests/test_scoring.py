@@ -109,6 +109,20 @@ def test_failing_judge_is_counted_and_bounded():
         judge(["t4 {text}"])
 
 
+def test_a_fatal_failure_is_not_the_judges_to_absorb():
+    """A judge server that stopped answering (EndpointError, after its retries) ends the run, resumably, instead of
+    scoring its rubrics as missing."""
+    from pipelines.engine.endpoints import EndpointError
+
+    def dead(frame, candidates):
+        raise EndpointError("POST http://judge:8000/v1/chat/completions failed 4 times")
+
+    judge = Judge({"a": "Is it clear?"}, dead, max_errors=5, fatal=(EndpointError,))
+    with pytest.raises(EndpointError, match="failed 4 times"):
+        judge(["t1 {text}"])
+    assert judge.errors == 0
+
+
 def test_judge_rejects_rubrics_with_braces():
     with pytest.raises(ValueError, match="rubric 'x'"):
         Judge({"x": "Does it use {text.__class__}?"}, lambda f, c: None)
