@@ -223,13 +223,16 @@ def print_report(report: dict) -> None:
     print()
     print(table(rows))
     print()
-    decision = (report["decision"] or {}).get("kind")
-    metric_rows = [{"metric": f"{k} (production decision: {decision})" if k != "roc_auc" else "roc_auc (label log-odds)",
-                    "value": v} for k, v in report["metrics"].items()]
+    rule = report["decision"] or {}
+    auc = "roc_auc (label log-odds, macro one-vs-rest)" if len(rule.get("labels", ())) > 2 else "roc_auc (label log-odds)"
+    metric_rows = [{"metric": auc if k == "roc_auc" else f"{k} (production decision: {rule.get('kind')})", "value": v}
+                   for k, v in report["metrics"].items()]
     for name, r in report["rates"].items():
         metric_rows.append({"metric": f"{name} rate", "value": f"{r['kept']}/{r['of']}" + (f" = {r['rate']:.3f}" if r["of"] else "")})
     if report["decision_threshold"] is not None:
         metric_rows.append({"metric": "decision threshold (log-odds, fitted on train)", "value": report["decision_threshold"]})
+    for label, offset in zip(rule.get("labels", ()), rule.get("offsets") or ()):
+        metric_rows.append({"metric": f"decision offset of {label} (fitted on train)", "value": offset})
     metric_rows += [{"metric": f"PDR {k}", "value": v} for k, v in report["pdr"].items()]
     metric_rows += [{"metric": f"judge P(yes) {k}", "value": "n/a" if v is None else v} for k, v in report["judge"].items()]
     metric_rows.append({"metric": "template tokens", "value": report["template_tokens"]})

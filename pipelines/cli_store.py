@@ -206,11 +206,7 @@ def _decision_text(rule) -> str:
     """What production applies for this version, in one line."""
     if rule is None:
         return "- (stored without one: predict refuses it)"
-    if rule.kind == "calibrated":
-        return f"calibrated: {rule.positive} when its label log-odds > {rule.threshold:.4g} (fitted on train)"
-    if rule.kind == "answer":
-        return f"answer: greedy, at most {rule.max_new_tokens} new tokens; {rule.contract.describe()}"
-    return "argmax: the most probable answer word"
+    return rule.describe()
 
 
 def _diff(store: TemplateStore, args: argparse.Namespace) -> None:

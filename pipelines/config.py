@@ -25,6 +25,9 @@ from templates.template import Template, TemplateError, constraints_from_spec
 BUILTIN_TASKS_DIR = Path(__file__).parent / "tasks"
 
 
+MAX_LABELS = 50  # each label is one more answer word the target must be read for
+
+
 class ConfigError(ValueError):
     """A task file or option is not acceptable; the message names the file, the field and the fix."""
 
@@ -101,8 +104,9 @@ class AnswerConfig(_Strict):
 class ScoringConfig(_Strict):
     decision: Literal["calibrated", "answer", "argmax", "threshold"] = Field(
         "calibrated",
-        description="what production applies: calibrated: the positive label wins when its label log-odds exceed a "
-        "threshold fitted on the train split (maximising balanced accuracy); answer: the greedy answer parsed by the "
+        description="what production applies: calibrated: the label log-probs adjusted by values fitted on the train "
+        "split to maximise balanced accuracy (two labels: the positive label wins when its log-odds exceed a "
+        "threshold; more: an offset per label before the argmax); answer: the greedy answer parsed by the "
         "output contract (a broken contract is a failure); argmax: the most probable answer word. 'threshold' is "
         "the old name of calibrated",
     )
@@ -112,8 +116,8 @@ class ScoringConfig(_Strict):
     )
     reward_metric: Literal["roc_auc", "balanced_accuracy", "accuracy", "macro_f1"] | None = Field(
         None,
-        description="the dev metric inside the reward; default: roc_auc of the label log-odds for calibrated and "
-        "argmax decisions (threshold-free, no calibration pass), the held-out metric of the parsed answers for answer",
+        description="the dev metric inside the reward; default: roc_auc of the label log-odds (macro one-vs-rest for "
+        "more than two labels) for calibrated and argmax decisions (threshold-free, no calibration pass), the held-out metric of the parsed answers for answer",
     )
     entity_rule: Literal["swap"] = Field(
         "swap", description="entity_consistency: swap: the decision stays the same when the input's entities (phone "
@@ -121,7 +125,7 @@ class ScoringConfig(_Strict):
     )
     judge_examples: int = Field(8, ge=1, description="responses per candidate graded by the judge's response rubrics")
     batch_size: int = Field(64, gt=0, description="examples per forward pass of the target, packed without padding")
-    calibration_examples: int = Field(120, ge=2, description="train examples used to fit the decision threshold")
+    calibration_examples: int = Field(120, ge=2, description="train examples used to fit the calibrated decision")
     robustness_attacks: tuple[Literal["checklist", "stresstest"], ...] = ("checklist", "stresstest")
     robustness_examples: int = Field(20, ge=2, description="dev examples scored per perturbed template")
 
@@ -271,8 +275,9 @@ class TaskConfig(_Strict):
     name: str = Field(pattern=r"^[a-z][a-z0-9_-]*$")
     description: str
     data: DataConfig
-    labels: dict[str, LabelSpec] = Field(min_length=2)
-    positive_label: str
+    labels: dict[str, LabelSpec] = Field(min_length=2, max_length=MAX_LABELS)
+    positive_label: str | None = Field(None, description="two labels: the one whose log-odds the calibrated "
+                                       "threshold cuts (e.g. high_risk); more labels: leave it out")
     split: SplitConfig = SplitConfig()
     template: TemplateConfig
     scoring: ScoringConfig = ScoringConfig()
@@ -285,8 +290,12 @@ class TaskConfig(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> "TaskConfig":
-        if self.positive_label not in self.labels:
-            raise ValueError(f"positive_label {self.positive_label!r} is not one of the labels {list(self.labels)}")
+        if len(self.labels) == 2 and self.positive_label not in self.labels:
+            raise ValueError(f"positive_label {excerpt(self.positive_label)} is not one of the labels "
+                             f"{list(self.labels)}: with two labels, name the one the calibrated threshold decides")
+        if len(self.labels) > 2 and self.positive_label is not None:
+            raise ValueError(f"positive_label is for two labels; with {len(self.labels)} the calibrated decision fits "
+                             "an offset per label: remove positive_label")
         seen: dict[str, str] = {}
         for name, spec in self.labels.items():
             for value in spec.values:
@@ -296,11 +305,6 @@ class TaskConfig(_Strict):
         verbalizers = [spec.verbalizer for spec in self.labels.values()]
         if len(set(verbalizers)) != len(verbalizers):
             raise ValueError(f"verbalizers must differ between labels, got {verbalizers}")
-        if len(self.labels) != 2:
-            raise ValueError(
-                f"{len(self.labels)} labels: tasks are binary for now (threshold decision, ROC-AUC reward); "
-                "map the labels onto two"
-            )
         check_weights(self.reward.weights, self.components())  # before any model is loaded
         self.skeleton()  # raises for a bad skeleton
         self.seed_template()  # raises for a bad seed instruction or constraint

@@ -163,7 +163,6 @@ class CandidateScorer:
         self.task = task
         self.splits = splits
         self.labels = list(task.labels)
-        self.positive = self.labels.index(task.positive_label)
         # Each role counts its own calls, also when the target judges with the same scorer (and cache).
         self.target = Metered(target)
         self.judge_scorer = Metered(judge)
@@ -189,18 +188,14 @@ class CandidateScorer:
     def validate(self, text: str):
         return validate_candidate(text, (self.task.input_variable,), self.task.template.max_tokens, self.count_tokens)
 
-    def log_odds(self, template: Template, examples: Sequence[Example]) -> np.ndarray:
-        """Positive-label log-odds per example (log P(positive) - log P(not positive), over the labels)."""
-        return self._positive_log_odds(self.target.score(template, [e.text for e in examples]))
+    def label_logprobs(self, template: Template, examples: Sequence[Example]) -> np.ndarray:
+        """The label log-probs per example (one column per label, normalised over the labels), in float64 as
+        ``DecisionRule.decide`` reads them at serving time: both paths compare the same numbers."""
+        return np.asarray(self.target.score(template, [e.text for e in examples]), dtype=np.float64)
 
-    def _positive_log_odds(self, logprobs: np.ndarray) -> np.ndarray:
-        # float64, as DecisionRule.decide computes them at serving time: both paths compare the same numbers
-        logprobs = np.asarray(logprobs, dtype=np.float64)
-        others = np.delete(logprobs, self.positive, axis=1)
-        return logprobs[:, self.positive] - np.logaddexp.reduce(others, axis=1)
-
-    def _reward_metric(self, log_odds: np.ndarray, examples: Sequence[Example]) -> float:
-        return pbm.roc_auc(log_odds, [e.label == self.task.positive_label for e in examples])
+    def _reward_metric(self, logprobs: np.ndarray, examples: Sequence[Example]) -> float:
+        """ROC-AUC of the label log-odds (macro one-vs-rest over three or more labels)."""
+        return pbm.roc_auc_ovr(logprobs, [e.label for e in examples], self.labels)
 
     def responses(self, template: Template, examples: Sequence[Example], *, answers: bool = True) -> Responses:
         """The target's label log-probs for ``examples`` and, with ``answers``, its greedy answers and their
@@ -257,7 +252,7 @@ class CandidateScorer:
         """PDR per PromptBench attack on a dev sample, one perturbed variant per attack chosen by the
         template's hash (PromptBench's attacks search all variants for the worst; that costs 53x more)."""
         sample = self.robust_sample
-        clean_metric = self._reward_metric(self.log_odds(template, sample), sample)  # cached after measure()
+        clean_metric = self._reward_metric(self.label_logprobs(template, sample), sample)  # cached after measure()
         out = {}
         seed = int(hashlib.sha256(template.text.encode()).hexdigest()[:8], 16)
         for attack in self.task.scoring.robustness_attacks:
@@ -269,7 +264,7 @@ class CandidateScorer:
             # A perturbation that breaks the template (e.g. text inserted into a trailing placeholder)
             # loses everything the template had: the metric falls to chance.
             metric = (
-                self._reward_metric(self.log_odds(check.template, sample), sample)
+                self._reward_metric(self.label_logprobs(check.template, sample), sample)
                 if check.ok
                 else 0.5
             )
@@ -302,14 +297,13 @@ class CandidateScorer:
                 spent = self.spent()
             t0 = time.perf_counter()
             out = self.responses(template, dev)
-            odds = self._positive_log_odds(out.logprobs)
-            metrics = {"roc_auc": self._reward_metric(odds, dev)}
+            metrics = {"roc_auc": self._reward_metric(out.logprobs, dev)}
             if cfg.scoring.decision == "answer":
                 rule = self.fit_decision(template)
                 decided = self.decide(rule, out)
                 metrics.update(pbm.classification_metrics(decided, gold, self.labels))
             else:  # the rates need a decision; in the loop the threshold is fitted on the same dev log-odds
-                rule = self._calibrated(odds, dev) if cfg.scoring.decision == "calibrated" else self.fit_decision(template)
+                rule = self._calibrated(out.logprobs, dev) if cfg.scoring.decision == "calibrated" else self.fit_decision(template)
                 decided = self.decide(rule, out)
             t1 = time.perf_counter()
             consistency = self.entity_consistency(template, dev, rule, decided)
@@ -337,10 +331,18 @@ class CandidateScorer:
         return weigh(m, self.task.reward.weights, self.components, self.task.reward.invalid_penalty)
 
     # --- full evaluation ---------------------------------------------------------------------------
-    def _calibrated(self, odds: np.ndarray, examples: Sequence[Example]) -> DecisionRule:
-        threshold = pbm.fit_threshold(odds, [e.label == self.task.positive_label for e in examples])
-        return DecisionRule("calibrated", tuple(self.labels), tuple(self.task.verbalizers), self.task.positive_label,
-                            float(threshold))
+    def _calibrated(self, logprobs: np.ndarray, examples: Sequence[Example]) -> DecisionRule:
+        """The calibrated rule fitted on ``examples``: a threshold on the positive label's log-odds for two
+        labels, an offset per label for more (both maximise balanced accuracy)."""
+        labels, words, gold = tuple(self.labels), tuple(self.task.verbalizers), [e.label for e in examples]
+        logprobs = np.asarray(logprobs, dtype=np.float64)
+        if len(labels) == 2:
+            positive = self.task.positive_label
+            odds = pbm.label_log_odds(logprobs, labels.index(positive))
+            return DecisionRule("calibrated", labels, words, positive,
+                                float(pbm.fit_threshold(odds, [g == positive for g in gold])))
+        offsets = pbm.fit_offsets(logprobs, gold, labels)
+        return DecisionRule("calibrated", labels, words, offsets=tuple(float(o) for o in offsets))
 
     def fit_decision(self, template: Template) -> DecisionRule:
         """The production decision for ``template``: the task's rule, with its threshold fitted on the train
@@ -352,13 +354,7 @@ class CandidateScorer:
                                 max_new_tokens=self.task.scoring.answer.max_new_tokens)
         if kind == "argmax":
             return DecisionRule("argmax", labels, words)
-        return self._calibrated(self.log_odds(template, self.calibration), self.calibration)
-
-    def predict(self, template: Template, examples: Sequence[Example], decision: DecisionRule):
-        """Labels under ``decision`` (what an application receives; None for a broken answer) and the
-        positive-label log-odds."""
-        out = self.responses(template, examples, answers=decision.kind == "answer")
-        return self.decide(decision, out), self._positive_log_odds(out.logprobs)
+        return self._calibrated(self.label_logprobs(template, self.calibration), self.calibration)
 
     def render_us_p99(self, template: Template, examples: Sequence[Example], repeats: int = 2000) -> float:
         values = [{self.task.input_variable: e.text} for e in examples[:50]]
@@ -387,10 +383,9 @@ class CandidateScorer:
         timing["calibrate_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         out = self.responses(template, examples)
-        odds = self._positive_log_odds(out.logprobs)
         decided = self.decide(decision, out)
         gold = [e.label for e in examples]
-        metrics = pbm.classification_metrics(decided, gold, self.labels, odds, cfg.positive_label)
+        metrics = pbm.classification_metrics(decided, gold, self.labels, out.logprobs)
         timing["target_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         consistency = self.entity_consistency(template, examples, decision, decided)

@@ -3,7 +3,9 @@
 The only module that imports promptbench.
 
 * Accuracy is PromptBench's own ``Eval.compute_cls_accuracy``. Balanced accuracy, macro-F1 and ROC-AUC
-  are added because the risk data is imbalanced (a classifier that always says "low risk" has 88% accuracy).
+  (one-vs-rest, macro, for more than two labels) are added because the risk data is imbalanced (a classifier
+  that always says "low risk" has 88% accuracy). ``fit_threshold`` and ``fit_offsets`` fit the calibrated
+  decision (two labels: a log-odds cut; more: an offset per label) on train data.
 * Robustness runs PromptBench's own ``CheckListTransformation`` and ``StressTestTransformation`` (from
   ``promptbench/prompt_attack/transformations.py``) on the candidate template and reports PromptBench's
   Performance Drop Rate, ``PDR = 1 - metric(perturbed) / metric(clean)``.
@@ -98,16 +100,80 @@ def fit_threshold(log_odds: Sequence[float], positive: Sequence[bool]) -> float:
     return best
 
 
+def label_log_odds(logprobs, k: int) -> np.ndarray:
+    """Per row, log P(label k) - log P(any other label), from log-probs normalised over the labels."""
+    logprobs = np.asarray(logprobs, dtype=np.float64)
+    return logprobs[:, k] - np.logaddexp.reduce(np.delete(logprobs, k, axis=1), axis=1)
+
+
+def roc_auc_ovr(logprobs, gold: Sequence[str], labels: Sequence[str]) -> float:
+    """Macro one-vs-rest ROC-AUC: the mean over labels of the ROC-AUC of that label's log-odds against the rest
+    (labels absent from ``gold`` are left out). With two labels both terms equal the binary ROC-AUC."""
+    logprobs = np.asarray(logprobs, dtype=np.float64)
+    values = [roc_auc(label_log_odds(logprobs, k), [g == label for g in gold]) for k, label in enumerate(labels)]
+    values = [v for v in values if not math.isnan(v)]
+    return float(np.mean(values)) if values else float("nan")
+
+
+def _balanced_accuracy_idx(pred: np.ndarray, y: np.ndarray, n_labels: int) -> float:
+    recalls = [(pred[y == k] == k).mean() for k in range(n_labels) if (y == k).any()]
+    return float(np.mean(recalls))
+
+
+def fit_offsets(logprobs, gold: Sequence[str], labels: Sequence[str], rounds: int = 4) -> np.ndarray:
+    """Per-label offsets for ``argmax(logprobs + offsets)`` that maximise balanced accuracy on calibration data:
+    the many-label form of ``fit_threshold``. Starts from the prior correction (minus each label's mean log-prob),
+    then coordinate ascent: for each label in turn, every offset at which some example changes its decision is
+    tried (midpoints), and the best is kept (the nearest to the current value on ties). Offsets sum to zero."""
+    x = np.asarray(logprobs, dtype=np.float64)
+    index = {label: k for k, label in enumerate(labels)}
+    y = np.array([index.get(g, -1) for g in gold])
+    n = len(labels)
+    if x.ndim != 2 or x.shape[1] != n or len(y) != len(x) or (y < 0).any():
+        raise ValueError(f"expected one row of {n} log-probs and one known label per calibration example")
+    if len(set(y.tolist())) < 2:
+        raise ValueError("calibration data needs examples of at least two labels")
+    offsets = -x.mean(axis=0)
+    best_score = _balanced_accuracy_idx((x + offsets).argmax(axis=1), y, n)
+    for _ in range(rounds):
+        improved = False
+        for k in range(n):
+            shifted = x + offsets
+            # example i goes to label k exactly when offset_k > (best other score) - logprob_ik
+            others = np.delete(shifted, k, axis=1).max(axis=1)
+            flips = np.unique(others - x[:, k])
+            cuts = np.concatenate([[flips[0] - 1.0], (flips[:-1] + flips[1:]) / 2, [flips[-1] + 1.0]])
+            current = offsets[k]
+            choice, choice_score = current, best_score
+            for cut in cuts:
+                trial = offsets.copy()
+                trial[k] = cut
+                score = _balanced_accuracy_idx((x + trial).argmax(axis=1), y, n)
+                better = score > choice_score + 1e-12
+                as_good_nearer = score > best_score + 1e-12 and abs(score - choice_score) <= 1e-12 and (
+                    abs(cut - current) < abs(choice - current))
+                if better or as_good_nearer:
+                    choice, choice_score = float(cut), score
+            if choice_score > best_score + 1e-12:
+                improved = True
+                offsets[k], best_score = choice, choice_score
+        if not improved:
+            break
+    return offsets - offsets.mean()
+
+
 def classification_metrics(
-    preds: Sequence[str], gold: Sequence[str], labels: Sequence[str], positive_scores=None, positive_label=None
+    preds: Sequence[str], gold: Sequence[str], labels: Sequence[str], logprobs=None
 ) -> dict[str, float]:
+    """Accuracy (PromptBench's), balanced accuracy and macro-F1 of the decided labels (None: a broken answer,
+    wrong), and, with the label log-probs, the macro one-vs-rest ROC-AUC (the binary ROC-AUC for two labels)."""
     out = {
         "accuracy": accuracy(preds, gold),
         "balanced_accuracy": balanced_accuracy(preds, gold, labels),
         "macro_f1": macro_f1(preds, gold, labels),
     }
-    if positive_scores is not None:
-        out["roc_auc"] = roc_auc(positive_scores, [g == positive_label for g in gold])
+    if logprobs is not None:
+        out["roc_auc"] = roc_auc_ovr(logprobs, gold, labels)
     return out
 
 

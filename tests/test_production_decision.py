@@ -39,6 +39,38 @@ def test_an_argmax_rule_takes_the_most_probable_label_of_any_number():
     assert rule.decide([-2.0, -0.5, -1.0]) == "b"
 
 
+def test_a_calibrated_rule_over_three_labels_adds_its_offsets_before_the_argmax_and_travels_in_json():
+    rule = DecisionRule("calibrated", ("pos", "neg", "plot"), ("positive", "negative", "plot"),
+                        offsets=(0.0, 1.0, -1.0))
+    assert rule.decide([-0.9, -1.2, -1.5]) == "neg"  # argmax alone would say pos: -1.2 + 1 > -0.9 + 0
+    assert rule.decide([-0.1, -3.0, -2.8]) == "pos"
+    assert DecisionRule.from_dict(json.loads(json.dumps(rule.to_dict()))) == rule
+    assert "neg +1" in rule.describe() and "threshold" not in rule.to_dict()
+    assert "offsets" not in RISK.to_dict()  # binary records (and their content hashes) are as before
+
+
+def test_fitted_offsets_beat_the_argmax_on_skewed_log_probs_and_ovr_auc_matches_binary():
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    gold = [label for label in ("a", "b", "c") for _ in range(60)]
+    centers = {"a": (0.0, -1.0, -1.0), "b": (-1.0, 0.0, -1.0), "c": (-1.0, -1.0, 0.0)}
+    raw = np.array([centers[g] for g in gold]) + rng.normal(0, 0.6, (180, 3)) + (2.0, 0.0, -2.0)  # a strong bias to a
+    logprobs = raw - np.logaddexp.reduce(raw, axis=1, keepdims=True)
+    argmax = [("a", "b", "c")[k] for k in logprobs.argmax(axis=1)]
+    offsets = pbm.fit_offsets(logprobs, gold, ("a", "b", "c"))
+    fitted = [("a", "b", "c")[k] for k in (logprobs + offsets).argmax(axis=1)]
+    assert abs(offsets.sum()) < 1e-9
+    assert pbm.balanced_accuracy(argmax, gold, "abc") < 0.55 < 0.75 < pbm.balanced_accuracy(fitted, gold, "abc")
+    # two labels: the macro one-vs-rest ROC-AUC is the binary ROC-AUC of the positive log-odds
+    two = logprobs[:, :2] - np.logaddexp.reduce(logprobs[:, :2], axis=1, keepdims=True)
+    y = gold[:120]
+    assert pbm.roc_auc_ovr(two[:120], y, ("a", "b")) == pytest.approx(
+        pbm.roc_auc(two[:120, 0] - two[:120, 1], [g == "a" for g in y]))
+    with pytest.raises(ValueError, match="at least two labels"):
+        pbm.fit_offsets(logprobs[:60], gold[:60], ("a", "b", "c"))
+
+
 def test_an_answer_rule_parses_the_answer_and_travels_with_its_contract():
     from templates.contract import OutputContract
 
@@ -63,7 +95,13 @@ def test_an_answer_rule_parses_the_answer_and_travels_with_its_contract():
     (lambda: DecisionRule("argmax", ("a", "a"), ("x", "y")), "two or more distinct labels"),
     (lambda: DecisionRule("calibrated", ("a", "b"), ("x", "y"), "c", 0.0), "names the positive one"),
     (lambda: DecisionRule("calibrated", ("a", "b"), ("x", "y"), "a", math.nan), "finite threshold"),
-    (lambda: DecisionRule("argmax", ("a", "b"), ("x", "y"), threshold=1.0), "no threshold"),
+    (lambda: DecisionRule("argmax", ("a", "b"), ("x", "y"), threshold=1.0), "no positive label, threshold"),
+    (lambda: DecisionRule("argmax", ("a", "b", "c"), ("x", "y", "z"), offsets=(0, 0, 0)), "or offsets"),
+    (lambda: DecisionRule("calibrated", ("a", "b"), ("x", "y"), "a", 0.0, offsets=(0, 0)), "not offsets"),
+    (lambda: DecisionRule("calibrated", ("a", "b", "c"), ("x", "y", "z"), "a", 0.0), "offsets, not a positive"),
+    (lambda: DecisionRule("calibrated", ("a", "b", "c"), ("x", "y", "z"), offsets=(0, 1)), "one finite offset per"),
+    (lambda: DecisionRule("calibrated", ("a", "b", "c"), ("x", "y", "z"), offsets=(0, 1, math.inf)), "finite offset"),
+    (lambda: DecisionRule("calibrated", ("a", "b", "c"), ("x", "y", "z"), offsets="012"), "list of numbers"),
     (lambda: DecisionRule("answer", ("a", "b"), ("x", "y"), max_new_tokens=4), "needs its output contract"),
     (lambda: DecisionRule("calibrated", ("a", "b"), ("x", "y"), "a", 0.0, max_new_tokens=4), "no contract"),
     (lambda: RISK.decide([0.0]), "2 finite label log-probs"),
