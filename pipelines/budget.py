@@ -198,10 +198,11 @@ def scoring_tokenizer(source: ModelSource):
 def counting_models(task: TaskConfig, tokenizer, target: ModelSource, judge: ModelSource | None):
     """The stand-ins for the run's target and judge, served or local as the run's are; ``tokenizer`` is the
     target's (a separate judge's own is loaded here)."""
+    from pipelines.scoring import scorer_words
     from rewards.judge import JUDGE_VERBALIZERS
 
     served = isinstance(target, Endpoint)
-    target_model = CountingModel(task.verbalizers, tokenizer, chat_template=task.template.chat_template, served=served)
+    target_model = CountingModel(scorer_words(task), tokenizer, chat_template=task.template.chat_template, served=served)
     judge_served = isinstance(judge, Endpoint) if judge is not None else served
     judge_tokenizer = tokenizer if judge is None or judge == target else scoring_tokenizer(judge)
     judge_model = CountingModel(list(JUDGE_VERBALIZERS), judge_tokenizer, chat_template=True, served=judge_served)

@@ -132,6 +132,10 @@ def cmd_tasks(args) -> int:
         splits = split_examples(task, examples)
         counts = label_counts(examples)
         balance = ", ".join(f"{label} {counts.get(label, 0)} ({counts.get(label, 0) / len(examples):.0%})" for label in task.labels)
+        if task.is_generation:
+            contract = task.output.output_contract()
+            fields = (contract.schema or {}).get("required") if contract.kind == "json" else None
+            balance = f"generation: {contract.kind}" + (f" ({', '.join(fields)})" if fields else "")
         rows.append(
             {
                 "task": task.name,
@@ -165,7 +169,8 @@ def cmd_render(args) -> int:
             prompt = chat.apply_chat_template(
                 [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
             )
-        rendered.append({"label": example.label, "prompt": prompt})
+        expected = {"reference": example.reference} if task.is_generation else {"label": example.label}
+        rendered.append({**expected, "prompt": prompt})
     if args.json:
         print(json.dumps({"task": task.name, "template": template.to_dict(), "examples": rendered}, indent=2))
         return 0
@@ -174,7 +179,9 @@ def cmd_render(args) -> int:
     print(f"task {escape(task.name)}: template ({len(template.text)} characters, variables {list(template.variables)})")
     print("  " + escape(template.text, keep="\n\t").replace("\n", "\n  "))
     for i, item in enumerate(rendered, 1):
-        print(f"\n--- example {i} of the {args.split} split (label: {escape(str(item['label']))}) ---")
+        expected = (f"reference: {json.dumps(item['reference'], ensure_ascii=False)}" if task.is_generation
+                    else f"label: {item['label']}")
+        print(f"\n--- example {i} of the {args.split} split ({escape(expected)}) ---")
         print(escape(item["prompt"], keep="\n\t"))
     return 0
 
@@ -378,6 +385,7 @@ def cmd_tune(args) -> int:
 def print_estimate(task: TaskConfig, options: RunOptions, *, json_output: bool) -> int:
     """``--estimate``: the calls and tokens the run would take, priced by the run's own scoring code; runs nothing."""
     from pipelines.budget import Budget, estimate, scoring_tokenizer
+    from pipelines.scoring import answer_tokens
 
     splits = split_examples(task, load_examples(task))
     plan = estimate(task, options, splits, scoring_tokenizer(options.target))
@@ -396,7 +404,7 @@ def print_estimate(task: TaskConfig, options: RunOptions, *, json_output: bool) 
     print(table(plan.rows()))
     print("A call is one request a server would bill (see pipelines/engine/usage.py). Calls assume every candidate "
           "is valid and new (invalid or repeated ones cost nothing); completion tokens assume every answer runs to "
-          f"its limit ({task.scoring.answer.max_new_tokens} tokens), so the run takes at most these.")
+          f"its limit ({answer_tokens(task)} tokens), so the run takes at most these.")
     if budget:
         if smallest:
             print(f"the budget cannot pay for the seed and the final test: {smallest}")
@@ -408,7 +416,8 @@ def print_estimate(task: TaskConfig, options: RunOptions, *, json_output: bool) 
 def print_final_table(task: TaskConfig, report: dict) -> None:
     rows = report["test"]
     metric = task.scoring.metric
-    columns = ["template_name", metric, "roc_auc", "instruction_following_n", "instruction_following",
+    second = "token_f1" if task.is_generation else "roc_auc"
+    columns = ["template_name", metric, *([second] if second != metric else []), "instruction_following_n", "instruction_following",
                "entity_consistency_n", "entity_consistency", "total_reward", *task.judge.all_rubrics,
                *[k for k in rows[0] if k.startswith("pdr/")], "tokens", "latency_p95_ms", "gate_passed"]
     decision = next((r["decision"] for r in rows if r.get("decision")), task.scoring.decision)
@@ -446,6 +455,7 @@ def print_final_table(task: TaskConfig, report: dict) -> None:
 def cmd_predict(args) -> int:
     """The serving path from the command line: the routed version, the target's log-probs, its decision."""
     from pipelines.scoring import label_scorer
+    from rewards.judge import JUDGE_VERBALIZERS
     from templates.serving import TemplateReader
 
     task = load_task(args.task)
@@ -458,7 +468,9 @@ def cmd_predict(args) -> int:
             raise StoreError(f"the {task.name!r} version this call routes to carries no decision rule: store a newly "
                              f"evaluated version (a tuning run into {store} records one)")
         try:
-            target = label_scorer(target_source, template.decision.verbalizers,
+            # a generation version reads no labels: its scorer is only asked for answers
+            words = template.decision.verbalizers or JUDGE_VERBALIZERS
+            target = label_scorer(target_source, words,
                                   chat_template=task.template.chat_template, batch_size=task.scoring.batch_size)
         except ValueError as exc:  # a URL or model name the endpoint scorer refuses
             raise ConfigError(str(exc)) from None
@@ -468,13 +480,14 @@ def cmd_predict(args) -> int:
     finally:
         reader.close()
     if args.json:
-        print(json.dumps([{"text": text, "label": p.label, "version": p.version_id, "logprobs": p.logprobs,
-                           "answer": p.answer, "contract_broken": p.reason or None}
+        print(json.dumps([{"text": text, "label": p.label, "value": p.value, "version": p.version_id,
+                           "logprobs": p.logprobs, "answer": p.answer, "contract_broken": p.reason or None}
                           for text, p in zip(args.text, out)], indent=2))
     else:
         for text, p in zip(args.text, out):
             said = "" if p.answer is None else f"\tanswer {p.answer!r}" + (f" ({p.reason})" if p.reason else "")
-            print(f"{p.label if p.label is not None else 'NO RESULT'}\tversion {p.version_id}\t{text[:80]!r}{said}")
+            result = p.label if p.label is not None else json.dumps(p.value) if p.value is not None else "NO RESULT"
+            print(f"{result}\tversion {p.version_id}\t{text[:80]!r}{said}")
     return 0
 
 

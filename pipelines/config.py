@@ -25,6 +25,7 @@ from templates.template import Template, TemplateError, constraints_from_spec
 BUILTIN_TASKS_DIR = Path(__file__).parent / "tasks"
 
 
+GENERATION_METRICS = ("field_exact_match", "token_f1", "contract_rate")
 MAX_LABELS = 50  # each label is one more answer word the target must be read for
 
 
@@ -59,6 +60,8 @@ class DataConfig(_Strict):
     columns: tuple[str, ...] | None = Field(None, description="column names when the file has no header row")
     text_column: str = "text"
     label_column: str = "label"
+    reference_column: str = Field("reference", description="generation tasks: the column holding each example's "
+                                  "reference answer (JSON text for a json contract, plain text for a regex one)")
     drop_values: tuple[str, ...] = Field((), description="label-column values whose rows are dropped")
     dedupe: bool = True
     max_chars: int = Field(2000, gt=0, description="longer texts are cut to this many characters")
@@ -111,10 +114,11 @@ class ScoringConfig(_Strict):
         "the old name of calibrated",
     )
     answer: AnswerConfig = AnswerConfig()
-    metric: Literal["balanced_accuracy", "accuracy", "macro_f1", "roc_auc"] = Field(
-        "balanced_accuracy", description="the held-out metric reported and compared by the promotion gate"
+    metric: Literal["balanced_accuracy", "accuracy", "macro_f1", "roc_auc", *GENERATION_METRICS] = Field(
+        "balanced_accuracy", description="the held-out metric reported and compared by the promotion gate "
+        "(generation tasks: field_exact_match, token_f1 or contract_rate; default field_exact_match)"
     )
-    reward_metric: Literal["roc_auc", "balanced_accuracy", "accuracy", "macro_f1"] | None = Field(
+    reward_metric: Literal["roc_auc", "balanced_accuracy", "accuracy", "macro_f1", *GENERATION_METRICS] | None = Field(
         None,
         description="the dev metric inside the reward; default: roc_auc of the label log-odds (macro one-vs-rest for "
         "more than two labels) for calibrated and argmax decisions (threshold-free, no calibration pass), the held-out metric of the parsed answers for answer",
@@ -148,6 +152,27 @@ class ScoringConfig(_Strict):
             raise ValueError("scoring: parsed answers carry no scores to rank, so an answer decision cannot use "
                              "roc_auc; use balanced_accuracy, accuracy or macro_f1")
         return self
+
+
+class OutputConfig(_Strict):
+    """A generation task's answer: the contract it must keep (``templates.contract``) and its token limit. Each
+    example's reference answer is in ``data.reference_column``; the decision is the parsed answer."""
+
+    contract: dict[str, Any] = Field(description="{kind: json, schema: {...}} (a JSON Schema subset: type, "
+                                     "properties, required, enum, pattern, minLength/maxLength, minimum/maximum, "
+                                     "items, ...) or {kind: regex, pattern: ...}")
+    max_new_tokens: int = Field(96, ge=1, le=512, description="greedy answers stop here (cut off = a contract failure)")
+
+    def output_contract(self):
+        from templates.contract import ContractError, OutputContract
+
+        if self.contract.get("kind") not in ("json", "regex"):
+            raise ValueError("output.contract.kind must be json or regex (a task with labels declares labels: "
+                             "instead of output:)")
+        try:
+            return OutputContract(**self.contract)
+        except (ContractError, TypeError) as exc:
+            raise ValueError(f"output.contract: {' '.join(str(exc).split())[:300]}") from None
 
 
 class JudgeConfig(_Strict):
@@ -275,7 +300,9 @@ class TaskConfig(_Strict):
     name: str = Field(pattern=r"^[a-z][a-z0-9_-]*$")
     description: str
     data: DataConfig
-    labels: dict[str, LabelSpec] = Field(min_length=2, max_length=MAX_LABELS)
+    labels: dict[str, LabelSpec] = Field(default_factory=dict, max_length=MAX_LABELS,
+                                         description="classification: two or more labels (a generation task has none)")
+    output: OutputConfig | None = Field(None, description="generation: the answer's contract (then no labels)")
     positive_label: str | None = Field(None, description="two labels: the one whose log-odds the calibrated "
                                        "threshold cuts (e.g. high_risk); more labels: leave it out")
     split: SplitConfig = SplitConfig()
@@ -288,8 +315,29 @@ class TaskConfig(_Strict):
     ppo: PPOConfig = PPOConfig()
     base_dir: Path = Field(Path("."), exclude=True, description="folder of the task file; relative paths start here")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _generation_defaults(cls, data: Any) -> Any:
+        """A generation task's only decision is its parsed answer, measured by default on field exact match."""
+        if isinstance(data, dict) and data.get("output") is not None:
+            scoring = dict(data.get("scoring") or {}) if isinstance(data.get("scoring") or {}, dict) else data["scoring"]
+            if isinstance(scoring, dict):
+                scoring.setdefault("decision", "answer")
+                scoring.setdefault("metric", "field_exact_match")
+                data = {**data, "scoring": scoring}
+        return data
+
     @model_validator(mode="after")
     def _consistent(self) -> "TaskConfig":
+        if self.output is not None:
+            self._check_generation()
+        elif len(self.labels) < 2:
+            raise ValueError("give two or more labels (a classification task), or an output: section with the "
+                             "answer's contract (a generation task)")
+        elif {self.scoring.metric, self.scoring.reward_metric} & set(GENERATION_METRICS):
+            raise ValueError("scoring: field_exact_match, token_f1 and contract_rate measure generated answers "
+                             "against references; a task with labels uses balanced_accuracy, accuracy, macro_f1 or "
+                             "roc_auc")
         if len(self.labels) == 2 and self.positive_label not in self.labels:
             raise ValueError(f"positive_label {excerpt(self.positive_label)} is not one of the labels "
                              f"{list(self.labels)}: with two labels, name the one the calibrated threshold decides")
@@ -311,7 +359,24 @@ class TaskConfig(_Strict):
         self.promotion_config()  # raises for bad promotion settings
         return self
 
+    def _check_generation(self) -> None:
+        if self.labels or self.positive_label is not None:
+            raise ValueError("a generation task (output:) has no labels or positive_label; its answers are compared "
+                             "with data.reference_column")
+        self.output.output_contract()  # raises for a bad contract
+        if self.scoring.decision != "answer":
+            raise ValueError(f"scoring.decision is {self.scoring.decision!r}, but a generation task's decision is its "
+                             "parsed answer: remove scoring.decision or set it to answer")
+        wrong = [m for m in (self.scoring.metric, self.scoring.reward_metric) if m not in GENERATION_METRICS]
+        if wrong:
+            raise ValueError(f"scoring: {wrong[0]!r} needs labels; a generation task is measured by "
+                             f"{', '.join(GENERATION_METRICS)}")
+
     # --- derived objects -------------------------------------------------------------------
+    @property
+    def is_generation(self) -> bool:
+        return self.output is not None
+
     @property
     def input_variable(self) -> str:
         return self.data.text_column

@@ -19,8 +19,9 @@ import random
 import zlib
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pipelines.config import TaskConfig, check_file, excerpt, resolve_source
 
@@ -28,7 +29,8 @@ from pipelines.config import TaskConfig, check_file, excerpt, resolve_source
 @dataclass(frozen=True)
 class Example:
     text: str
-    label: str  # a task label name, e.g. "high_risk"
+    label: str  # a task label name, e.g. "high_risk"; "" in a generation task
+    reference: Any = field(default=None, compare=False)  # generation: the reference answer (parsed JSON or text)
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,9 @@ def _json_row(line: str, name: str, lineno: int) -> dict[str, str]:
     if not isinstance(record, dict):
         raise DataError(f"data file {name}: line {lineno} must be a JSON object such as "
                         '{"text": "...", "label": "..."}')
-    row = {str(k): "" if v is None else str(v) for k, v in record.items()}
+    # an object or list (a generation task's reference answer) stays JSON text
+    row = {str(k): "" if v is None else json.dumps(v, ensure_ascii=False) if isinstance(v, (dict, list)) else str(v)
+           for k, v in record.items()}
     try:  # a JSON escape can make a lone surrogate, which is no text and cannot be printed
         "".join([*row, *row.values()]).encode("utf-8")
     except UnicodeEncodeError:
@@ -123,18 +127,21 @@ def read_rows(task: TaskConfig) -> list[dict[str, str]]:
                             "(an unclosed quote?) or data.delimiter") from None
     if not rows:
         raise DataError(f"task {task.name!r}: data file {name} holds no rows; add examples or fix data.source")
-    for column in (cfg.text_column, cfg.label_column):
+    for column in (cfg.text_column, cfg.reference_column if task.is_generation else cfg.label_column):
         if not any(column in row for row in rows[:50]):
             columns = ", ".join(excerpt(c, 30) for c in list(rows[0])[:5])
             raise DataError(
                 f"task {task.name!r}: column {column!r} not found in {name}; its first columns are {columns}: "
-                "fix data.text_column / data.label_column (or data.delimiter, data.header)"
+                "fix data.text_column / data.label_column / data.reference_column (or data.delimiter, data.header)"
             )
     return rows
 
 
 def load_examples(task: TaskConfig) -> list[Example]:
-    """All usable examples of a task, raw labels mapped to task labels, repeats dropped."""
+    """All usable examples of a task, raw labels mapped to task labels (or, for a generation task, each with its
+    reference answer), repeats dropped."""
+    if task.is_generation:
+        return _generation_examples(task)
     cfg = task.data
     to_label = {value: name for name, spec in task.labels.items() for value in spec.values}
     examples: list[Example] = []
@@ -171,10 +178,37 @@ def load_examples(task: TaskConfig) -> list[Example]:
     return examples
 
 
+def _generation_examples(task: TaskConfig) -> list[Example]:
+    """A generation task's examples: input text and reference answer, which must keep the task's contract (a
+    reference the contract refuses could never be matched: the row is named, not skipped)."""
+    cfg = task.data
+    contract = task.output.output_contract()
+    examples: list[Example] = []
+    seen: set[str] = set()
+    for i, row in enumerate(read_rows(task), 1):
+        text = (row.get(cfg.text_column) or "").strip()
+        reference = (row.get(cfg.reference_column) or "").strip()
+        if not text:
+            continue
+        parsed = contract.parse(reference)
+        if not parsed.ok:
+            raise DataError(f"task {task.name!r}: data row {i}: the reference answer breaks the output contract "
+                            f"({excerpt(parsed.reason, 120)}); fix the reference or output.contract")
+        if cfg.dedupe:
+            if text in seen:
+                continue
+            seen.add(text)
+        examples.append(Example(text[: cfg.max_chars], "", parsed.value))
+    if not examples:
+        raise DataError(f"task {task.name!r}: no usable examples in the data")
+    return examples
+
+
 def split_examples(task: TaskConfig, examples: list[Example]) -> Splits:
-    """Deterministic stratified train/dev/test splits (sizes from ``task.split``)."""
+    """Deterministic stratified train/dev/test splits (sizes from ``task.split``); a generation task's examples
+    are one pool."""
     cfg = task.split
-    by_label: dict[str, list[Example]] = {name: [] for name in task.labels}
+    by_label: dict[str, list[Example]] = {name: [] for name in task.labels or ("",)}
     for example in examples:
         by_label[example.label].append(example)
     rng = random.Random(cfg.seed)
@@ -192,8 +226,9 @@ def split_examples(task: TaskConfig, examples: list[Example]) -> Splits:
             else:
                 want = max(1, round(size * share[name]))
             if len(pool) < want:
+                of_label = f" of label {name!r}" if name else ""
                 raise DataError(
-                    f"task {task.name!r}: split {split!r} needs {want} examples of label {name!r} "
+                    f"task {task.name!r}: split {split!r} needs {want} examples{of_label} "
                     f"but only {len(pool)} are left; lower split.{split} or add data"
                 )
             parts[split].extend(pool[:want])

@@ -25,9 +25,16 @@ DESCRIBE = {
     "coherence": "the answers it gets are unclear",
     "readability": "it is unclear",
 }
+DESCRIBE_GENERATION = {  # a generation task's answers are structured values, not label words
+    **DESCRIBE,
+    "task_metric": "the answers it gets often miss the reference values",
+    "instruction_following": "the answers it gets break the required output format",
+    "entity_consistency": "its answers give values that are not in the input",
+}
 
 
-def weaknesses(components: Mapping[str, float | None], weights: Mapping[str, float], n: int = 2) -> str:
+def weaknesses(components: Mapping[str, float | None], weights: Mapping[str, float], n: int = 2,
+               describe: Mapping[str, str] = DESCRIBE) -> str:
     """The ``n`` weighted components where the current template loses most, in words."""
     losses = []
     for name, weight in weights.items():
@@ -37,7 +44,7 @@ def weaknesses(components: Mapping[str, float | None], weights: Mapping[str, flo
         ceiling = 0.0 if name in ("length", "threshold_shortfall") else 1.0
         losses.append((weight * (ceiling - value), name))
     worst = [name for _, name in sorted(losses, reverse=True)[:n]]
-    return "; ".join(DESCRIBE.get(name, name.replace("_", " ")) for name in worst) or "none measured yet"
+    return "; ".join(describe.get(name, name.replace("_", " ")) for name in worst) or "none measured yet"
 
 
 def meta_prompt(task: TaskConfig, instruction: str, components: Mapping[str, float | None]) -> str:
@@ -45,7 +52,8 @@ def meta_prompt(task: TaskConfig, instruction: str, components: Mapping[str, flo
     text = task.generation.meta_prompt
     for key, value in (
         ("{description}", task.description.strip()),
-        ("{weaknesses}", weaknesses(components, task.reward.weights)),
+        ("{weaknesses}", weaknesses(components, task.reward.weights,
+                                    describe=DESCRIBE_GENERATION if task.is_generation else DESCRIBE)),
         ("{instruction}", instruction.strip() or "(none)"),
     ):
         text = text.replace(key, value)

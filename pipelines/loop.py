@@ -22,7 +22,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from pipelines.config import RunOptions, TaskConfig
+from pipelines.config import GENERATION_METRICS, RunOptions, TaskConfig
 from pipelines.data import load_splits
 from pipelines.engine.endpoints import EndpointError
 from pipelines.engine.usage import ROLES, Usage, sum_usage
@@ -321,13 +321,19 @@ def _reward_means(rows: list[dict], components) -> dict[str, float]:
     return out
 
 
+def _metric_names(task: TaskConfig) -> tuple[str, ...]:
+    if task.is_generation:
+        return GENERATION_METRICS
+    return "balanced_accuracy", "accuracy", "macro_f1", "roc_auc"
+
+
 def _final_row(task: TaskConfig, name: str, ev, gate) -> dict:
     """One evaluated template's held-out row: the production figures under its decision, the rates with their
     counts, and the gate's decision with every reason (the seed against no incumbent, candidates against it)."""
     m, lat = ev.measured, ev.latency
     row = {"template_name": name, "instruction": instruction_of(task, m.template), "valid": m.valid,
            "decision": ev.decision.kind if ev.decision else None,
-           "total_reward": ev.reward.total, **{k: m.metrics.get(k) for k in ("balanced_accuracy", "accuracy", "macro_f1", "roc_auc")},
+           "total_reward": ev.reward.total, **{k: m.metrics.get(k) for k in _metric_names(task)},
            **{name: ev.reward.components.get(name) for name in RATES},
            **{f"{name}_n": rate_text(m, name) for name in RATES},
            "tokens": m.tokens, "latency_p95_ms": lat.p95_ms if lat else None,

@@ -25,6 +25,7 @@ Two modes:
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 import time
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ from pipelines.config import Endpoint, ModelSource, TaskConfig
 from pipelines.data import Example, Splits
 from pipelines.engine.models import LoadedLM, load_causal_lm, load_tokenizer
 from pipelines.engine.usage import Metered, Usage
+from rewards import generation_metrics as gm
 from rewards import promptbench_metrics as pbm
 from rewards.components import Measured
 from rewards.entities import swap_entities
@@ -85,7 +87,24 @@ class Latency:
 
 
 def _reward_chance(task: TaskConfig) -> float:
+    if task.is_generation:
+        return 0.0  # an answer that matches nothing
     return 0.5 if task.scoring.reward_metric == "roc_auc" else 1.0 / len(task.labels)
+
+
+def scorer_words(task: TaskConfig) -> list[str]:
+    """The words the target's scorer reads log-probs for: the labels' answer words; a generation task's target is
+    only asked for answers, so its scorer reads the judge's yes/no (and shares the judge's scorer and cache)."""
+    return task.verbalizers if not task.is_generation else list(JUDGE_VERBALIZERS)
+
+
+def output_contract(task: TaskConfig) -> OutputContract:
+    """The contract the target's answers are held to: the task's own (generation) or its label words."""
+    return task.output.output_contract() if task.is_generation else task_contract(task)
+
+
+def answer_tokens(task: TaskConfig) -> int:
+    return task.output.max_new_tokens if task.is_generation else task.scoring.answer.max_new_tokens
 
 
 def task_contract(task: TaskConfig) -> OutputContract:
@@ -119,9 +138,9 @@ def build_scorer(task: TaskConfig, splits: Splits, target: ModelSource | LoadedL
     """
     target_model = _load(target)
     batch = task.scoring.batch_size
-    target_scorer = label_scorer(target_model, task.verbalizers, chat_template=task.template.chat_template, batch_size=batch)
+    target_scorer = label_scorer(target_model, scorer_words(task), chat_template=task.template.chat_template, batch_size=batch)
     judge_model = target_model if judge is None or judge == target else _load(judge)
-    if judge_model is target_model and task.verbalizers == list(JUDGE_VERBALIZERS):
+    if judge_model is target_model and scorer_words(task) == list(JUDGE_VERBALIZERS):
         judge_scorer = target_scorer
     else:
         judge_scorer = label_scorer(judge_model, list(JUDGE_VERBALIZERS), chat_template=True, batch_size=batch)
@@ -150,13 +169,18 @@ def label_scorer(source: ModelSource | LoadedLM, verbalizers: Sequence[str], *, 
     return make_label_scorer(model, list(verbalizers), chat_template=chat_template, batch_size=batch_size)
 
 
+def _shown(value):
+    """A parsed value as a reviewer's table shows it: JSON text for objects and lists."""
+    return json.dumps(value, ensure_ascii=False) if isinstance(value, (dict, list)) else value
+
+
 class CandidateScorer:
     def __init__(self, task: TaskConfig, splits: Splits, target, judge, tokenizer, *, reward_examples: int | None = None):
         """``target`` and ``judge``: label scorers, anything with ``score(template, texts) -> log-probs``,
         ``answer(template, texts, max_new_tokens, complete) -> answers``, ``verbalizers`` and ``stats``
         (``LabelScorer``, ``EndpointLabelScorer``); the target answers with the task's verbalizers in label order,
         the judge with ``JUDGE_VERBALIZERS``. ``build_scorer`` makes them."""
-        for scorer, words, role in ((target, task.verbalizers, "target"), (judge, list(JUDGE_VERBALIZERS), "judge")):
+        for scorer, words, role in ((target, scorer_words(task), "target"), (judge, list(JUDGE_VERBALIZERS), "judge")):
             if list(getattr(scorer, "verbalizers", ())) != words:
                 raise ValueError(f"the {role} scorer answers {list(getattr(scorer, 'verbalizers', ()))}; it must answer {words}")
         self.components = task.components()  # the weights were checked against them at task load
@@ -173,7 +197,8 @@ class CandidateScorer:
                            fatal=(EndpointError,))
         self.template_judge = Judge(task.judge.template_rubrics, self.judge_scorer.score, task.judge.max_errors,
                                     fatal=(EndpointError,))
-        self.contract = task_contract(task)
+        self.contract = output_contract(task)
+        self.max_new_tokens = answer_tokens(task)
         self.tokenizer = tokenizer
         cfg = task.scoring
         self.dev = list(splits.dev)[:reward_examples] if reward_examples else list(splits.dev)
@@ -203,15 +228,33 @@ class CandidateScorer:
         texts = [e.text for e in examples]
         if not answers:
             return Responses(self.target.score(template, texts))
-        got = self.target.answer(template, texts, self.task.scoring.answer.max_new_tokens, self.contract.complete)
+        got = self.target.answer(template, texts, self.max_new_tokens, self.contract.complete)
         parsed = [self.contract.parse(a.text, truncated=a.truncated) for a in got]
+        if self.task.is_generation:  # no labels to read log-probs for
+            return Responses(None, got, parsed)
         return Responses(self.target.score(template, texts), got, parsed)
+
+    def production_metrics(self, examples: Sequence[Example], out: Responses, decided) -> dict[str, float]:
+        """The task's metrics of what an application receives: labels against gold (and the label log-probs'
+        ROC-AUC), or a generation task's parsed answers against the references."""
+        if self.task.is_generation:
+            return gm.generation_metrics(out.parsed, [e.reference for e in examples])
+        return pbm.classification_metrics(decided, [e.label for e in examples], self.labels, out.logprobs)
 
     def decide(self, rule: DecisionRule, responses: Responses) -> list[str | None]:
         """What an application receives for each example under ``rule`` (None: the answer broke the contract)."""
         if rule.kind == "answer":
             return [p.value if p.ok else None for p in responses.parsed]
         return [rule.decide(row) for row in responses.logprobs]
+
+    def consistency(self, template: Template, examples: Sequence[Example], rule: DecisionRule, out: Responses,
+                    decided: Sequence) -> tuple[int, int]:
+        """(kept, of) for ``entity_consistency``: a classification task's decision survives swapped entities; a
+        generation task's answer gives only values found in its input (``rewards.generation_metrics.supported``)."""
+        if self.task.is_generation:
+            schema = self.contract.schema
+            return sum(gm.supported(p, e.text, schema) for p, e in zip(out.parsed, examples)), len(examples)
+        return self.entity_consistency(template, examples, rule, decided)
 
     def entity_consistency(self, template: Template, examples: Sequence[Example], rule: DecisionRule,
                            decided: Sequence[str | None]) -> tuple[int, int]:
@@ -243,16 +286,23 @@ class CandidateScorer:
     def samples(self, examples: Sequence[Example], responses: Responses, decided, n: int = 4) -> tuple[dict, ...]:
         """A few rows a reviewer reads: the input, what the model said, what the contract made of it."""
         return tuple(
-            {"input": e.text[:300], "answer": a.text, "parsed": p.value if p.ok else p.reason, "contract_kept": p.ok,
-             "decision": d, "label": e.label}
+            {"input": e.text[:300], "answer": a.text, "parsed": _shown(p.value) if p.ok else p.reason,
+             "contract_kept": p.ok, "decision": _shown(d), "label": _shown(e.reference) if self.task.is_generation else e.label}
             for e, a, p, d in list(zip(examples, responses.answers, responses.parsed, decided))[:n]
         )
+
+    def _sample_metric(self, template: Template, sample: Sequence[Example]) -> float:
+        """What robustness compares: the ROC-AUC of the label log-odds, or a generation task's reward metric."""
+        if self.task.is_generation:
+            out = self.responses(template, sample)
+            return gm.generation_metrics(out.parsed, [e.reference for e in sample])[self.task.scoring.reward_metric]
+        return self._reward_metric(self.label_logprobs(template, sample), sample)
 
     def robustness_pdr(self, template: Template) -> dict[str, float]:
         """PDR per PromptBench attack on a dev sample, one perturbed variant per attack chosen by the
         template's hash (PromptBench's attacks search all variants for the worst; that costs 53x more)."""
         sample = self.robust_sample
-        clean_metric = self._reward_metric(self.label_logprobs(template, sample), sample)  # cached after measure()
+        clean_metric = self._sample_metric(template, sample)  # cached after measure()
         out = {}
         seed = int(hashlib.sha256(template.text.encode()).hexdigest()[:8], 16)
         for attack in self.task.scoring.robustness_attacks:
@@ -263,11 +313,7 @@ class CandidateScorer:
             check = self.validate(variant)
             # A perturbation that breaks the template (e.g. text inserted into a trailing placeholder)
             # loses everything the template had: the metric falls to chance.
-            metric = (
-                self._reward_metric(self.label_logprobs(check.template, sample), sample)
-                if check.ok
-                else 0.5
-            )
+            metric = self._sample_metric(check.template, sample) if check.ok else 0.0 if self.task.is_generation else 0.5
             out[attack] = pbm.performance_drop_rate(clean_metric, metric)
         return out
 
@@ -291,22 +337,21 @@ class CandidateScorer:
         spent = self.spent()
         template_judged = self.template_judge([t.text for _, t, _ in valid]) if valid else []
         judge_s = (time.perf_counter() - t0) / max(1, len(valid))
-        gold = [e.label for e in dev]
         for (i, template, tokens), judged in zip(valid, template_judged):
             if i != valid[0][0]:  # the first valid candidate carries the template judge's batch
                 spent = self.spent()
             t0 = time.perf_counter()
             out = self.responses(template, dev)
-            metrics = {"roc_auc": self._reward_metric(out.logprobs, dev)}
             if cfg.scoring.decision == "answer":
                 rule = self.fit_decision(template)
                 decided = self.decide(rule, out)
-                metrics.update(pbm.classification_metrics(decided, gold, self.labels))
+                metrics = self.production_metrics(dev, out, decided)
             else:  # the rates need a decision; in the loop the threshold is fitted on the same dev log-odds
+                metrics = {"roc_auc": self._reward_metric(out.logprobs, dev)}
                 rule = self._calibrated(out.logprobs, dev) if cfg.scoring.decision == "calibrated" else self.fit_decision(template)
                 decided = self.decide(rule, out)
             t1 = time.perf_counter()
-            consistency = self.entity_consistency(template, dev, rule, decided)
+            consistency = self.consistency(template, dev, rule, out, decided)
             pdr = self.robustness_pdr(template)
             t2 = time.perf_counter()
             judged = {**judged, **self.judge_responses(dev, out)}
@@ -350,8 +395,7 @@ class CandidateScorer:
         labels, words = tuple(self.labels), tuple(self.task.verbalizers)
         kind = self.task.scoring.decision
         if kind == "answer":
-            return DecisionRule("answer", labels, words, contract=self.contract,
-                                max_new_tokens=self.task.scoring.answer.max_new_tokens)
+            return DecisionRule("answer", labels, words, contract=self.contract, max_new_tokens=self.max_new_tokens)
         if kind == "argmax":
             return DecisionRule("argmax", labels, words)
         return self._calibrated(self.label_logprobs(template, self.calibration), self.calibration)
@@ -384,11 +428,10 @@ class CandidateScorer:
         t0 = time.perf_counter()
         out = self.responses(template, examples)
         decided = self.decide(decision, out)
-        gold = [e.label for e in examples]
-        metrics = pbm.classification_metrics(decided, gold, self.labels, out.logprobs)
+        metrics = self.production_metrics(examples, out, decided)
         timing["target_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        consistency = self.entity_consistency(template, examples, decision, decided)
+        consistency = self.consistency(template, examples, decision, out, decided)
         pdr = self.robustness_pdr(template)
         timing["robustness_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()

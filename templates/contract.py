@@ -10,7 +10,9 @@ Three kinds, as the task file declares:
 * ``labels``: one of the label words, either as the first word (``first_word``) or as the whole answer
   (``exact``); case and surrounding punctuation are ignored. The result is the label's name.
 * ``json``: a JSON value (a single markdown code fence around it is accepted) that matches a small subset
-  of JSON Schema. The result is the parsed value.
+  of JSON Schema. The result is the parsed value. With ``extract: first`` the value is the first JSON object or
+  array in the answer and text around it is ignored, as many applications parse; generation then stops as soon
+  as that value closes.
 * ``regex``: the whole answer, stripped of surrounding whitespace, must fullmatch a pattern.
 
 An answer that breaks its contract is data, not an error: ``parse`` never raises, it returns ``Parsed`` with
@@ -28,7 +30,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 KINDS = ("labels", "json", "regex")
-KIND_FIELDS = {"labels": ("labels", "words"), "json": ("schema",), "regex": ("pattern",)}
+KIND_FIELDS = {"labels": ("labels", "words"), "json": ("schema", "extract"), "regex": ("pattern",)}
+EXTRACTS = ("whole", "first")
 RULES = ("first_word", "exact")
 JSON_TYPES = ("string", "number", "integer", "boolean", "object", "array", "null")
 EXACT_PUNCTUATION = ".!,;:\"'*`()[]"
@@ -103,12 +106,13 @@ def _canon(value: Any) -> Any:
     return ("string", value)
 
 
-def _too_deep(text: str, limit: int) -> bool:
-    """Whether brackets outside strings nest deeper than ``limit``: a linear scan, so that no input ever
-    reaches json.loads' recursion."""
+def _bracket_depths(text: str, start: int = 0):
+    """(index, depth after it) for each bracket outside JSON strings, from ``start``: a linear scan, so that no
+    input ever reaches json.loads' recursion before its depth is known."""
     depth = 0
     in_string = escaped = False
-    for ch in text:
+    for i in range(start, len(text)):
+        ch = text[i]
         if in_string:
             if escaped:
                 escaped = False
@@ -118,13 +122,25 @@ def _too_deep(text: str, limit: int) -> bool:
                 in_string = False
         elif ch == '"':
             in_string = True
-        elif ch in "[{":
-            depth += 1
-            if depth > limit:
-                return True
-        elif ch in "]}":
-            depth -= 1
-    return False
+        elif ch in "[{]}":
+            depth += 1 if ch in "[{" else -1
+            yield i, depth
+
+
+def _too_deep(text: str, limit: int) -> bool:
+    """Whether brackets outside strings nest deeper than ``limit``."""
+    return any(depth > limit for _, depth in _bracket_depths(text))
+
+
+def _opening(text: str) -> int | None:
+    """Where the first JSON object or array starts, or None."""
+    found = [i for i in (text.find("{"), text.find("[")) if i >= 0]
+    return min(found) if found else None
+
+
+def _closing(text: str, start: int) -> int | None:
+    """The end (exclusive) of the bracketed value opening at ``start``, or None if it does not close."""
+    return next((i + 1 for i, depth in _bracket_depths(text, start) if depth == 0), None)
 
 
 def _count(value: Any) -> bool:
@@ -246,6 +262,7 @@ class OutputContract:
     pattern: str | None = None  # regex: the whole stripped answer must fullmatch it
     max_chars: int = 4000  # longer answers fail
     max_depth: int = 16  # json: deeper nesting fails
+    extract: str = "whole"  # json: "whole" answer, or the "first" object/array in it (text around it ignored)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -259,10 +276,12 @@ class OutputContract:
             limit = getattr(self, name)
             if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
                 raise ContractError(f"contract {name}={limit!r} must be a positive integer")
+        if self.extract not in EXTRACTS:
+            raise ContractError(f"contract extract {self.extract!r} is not one of {list(EXTRACTS)}")
         if self.rule not in RULES:
             raise ContractError(f"contract rule {self.rule!r} is not one of {list(RULES)}")
         given = {"labels": self.labels, "words": self.words, "schema": self.schema is not None,
-                 "pattern": self.pattern is not None}
+                 "pattern": self.pattern is not None, "extract": self.extract != "whole"}
         stray = [name for name, value in given.items() if value and name not in KIND_FIELDS[self.kind]]
         if stray:
             raise ContractError(f"a {self.kind} contract takes no {', '.join(stray)}; remove them or change its kind")
@@ -310,6 +329,9 @@ class OutputContract:
             return Parsed(False, None, f"answer longer than {self.max_chars} characters")
         if self.kind == "labels":
             return self._parse_labels(answer, truncated)
+        if self.extract == "first":  # a closed value is whole even if the answer ran on to the limit
+            found = self._parse_first_json(answer)
+            return Parsed(False, None, CUT_OFF) if truncated and not found.ok and _opening(answer) else found
         if truncated:
             return Parsed(False, None, CUT_OFF)
         text = answer.strip()
@@ -354,9 +376,22 @@ class OutputContract:
         found = _violation(value, self.schema, "$")
         return Parsed(False, None, found) if found else Parsed(True, value)
 
+    def _parse_first_json(self, answer: str) -> Parsed:
+        start = _opening(answer)
+        if start is None:
+            return Parsed(False, None, "no JSON object or array in the answer")
+        end = _closing(answer, start)
+        if end is None:
+            return Parsed(False, None, "the JSON value is not closed")
+        return self._parse_json(answer[start:end])
+
     def complete(self, answer: str) -> bool:
-        """Whether more tokens cannot change ``parse``'s result, so a generator may stop: only a first word
-        followed by a non-word character settles it; other kinds run to the end of the answer."""
+        """Whether more tokens cannot change ``parse``'s result, so a generator may stop: a first word followed
+        by a non-word character (labels, first_word), or a closed first JSON value (json, extract first); other
+        kinds run to the end of the answer."""
+        if self.kind == "json" and self.extract == "first" and isinstance(answer, str):
+            start = _opening(answer)
+            return start is not None and _closing(answer, start) is not None
         if self.kind != "labels" or self.rule != "first_word" or not isinstance(answer, str):
             return False
         first = WORD.search(answer)
@@ -368,6 +403,8 @@ class OutputContract:
             out.update(labels=list(self.labels), words=list(self.words), rule=self.rule)
         elif self.kind == "json":
             out.update(schema=json.loads(json.dumps(self.schema)), max_depth=self.max_depth)  # a copy to keep
+            if self.extract != "whole":  # absent for whole answers: earlier records keep their content hash
+                out["extract"] = self.extract
         else:
             out.update(pattern=self.pattern)
         out["max_chars"] = self.max_chars
@@ -377,7 +414,7 @@ class OutputContract:
     def from_dict(cls, data: Any) -> "OutputContract":
         if not isinstance(data, Mapping) or "kind" not in data:
             raise ContractError("an output contract record must be a mapping with a kind, e.g. {'kind': 'labels', ...}")
-        fields = ("kind", "labels", "words", "rule", "schema", "pattern", "max_chars", "max_depth")
+        fields = ("kind", "labels", "words", "rule", "schema", "pattern", "max_chars", "max_depth", "extract")
         unknown = sorted(str(k) for k in set(data) - set(fields))
         if unknown:
             raise ContractError(f"output contract record has unknown field(s) {unknown}; known: {', '.join(fields)}")
@@ -394,7 +431,8 @@ class OutputContract:
             return f"the whole answer (surrounding whitespace ignored) matches the pattern {self.pattern!r}"
         required = self.schema.get("required")
         types = self.schema.get("type", "any")
-        return (f"JSON (a ``` fence allowed) of type {'/'.join(types) if isinstance(types, list) else types} "
+        where = "the first JSON value in the answer" if self.extract == "first" else "JSON (a ``` fence allowed)"
+        return (f"{where} of type {'/'.join(types) if isinstance(types, list) else types} "
                 "matching its schema"
                 + (f", with fields {', '.join(required)} required" if required else "")
                 + f", at most {self.max_depth} levels deep")

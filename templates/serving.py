@@ -54,6 +54,7 @@ class Prediction:
     logprobs: dict[str, float]  # label -> log-probability (normalised over the labels)
     answer: str | None = None  # the raw greedy answer (answer decisions)
     reason: str = ""  # why the answer broke the contract
+    value: Any = None  # a generation task's parsed answer (JSON value or matched text); None when broken
 
 
 class TemplateReader:
@@ -100,10 +101,15 @@ class TemplateReader:
         if rule is None:
             raise StoreError(f"version {version_id} of {task!r} carries no decision rule (it was stored without one): "
                              f"evaluate it again and store the result, e.g. with a tuning run into this store")
+        template.render(values)  # refuses missing, unknown or constraint-breaking values before any model call
+        if rule.kind == "answer" and not rule.labels:  # a generation task: the parsed answer is the result
+            (variable,) = template.variables
+            (answer,) = target.answer(template, [str(values[variable])], rule.max_new_tokens, rule.contract.complete)
+            parsed = rule.parse(answer.text, truncated=answer.truncated)
+            return Prediction(None, version_id, {}, answer.text, parsed.reason, parsed.value if parsed.ok else None)
         if list(getattr(target, "verbalizers", ())) != list(rule.verbalizers):
             raise ValueError(f"the target scorer answers {list(getattr(target, 'verbalizers', ()))}; version "
                              f"{version_id} decides on {list(rule.verbalizers)}: build the scorer with those words")
-        template.render(values)  # refuses missing, unknown or constraint-breaking values before any model call
         (variable,) = template.variables
         texts = [str(values[variable])]
         if rule.kind == "answer":

@@ -297,3 +297,53 @@ def test_parse_never_raises_on_random_answers(contract):
         assert parsed.ok == (parsed.reason == "")
         assert parsed.ok or parsed.value is None
         contract.complete(answer if isinstance(answer, str) else "")
+
+
+# --- json, extract: first: the first object or array in the answer, text around it ignored ----------------------
+FIRST = OutputContract("json", schema=PRODUCT.schema, extract="first")
+
+
+@pytest.mark.parametrize("answer", [
+    json.dumps(GOOD_PRODUCT),
+    "JSON:\n" + json.dumps(GOOD_PRODUCT, indent=2) + "\n\nThis JSON object describes the lamp.",
+    "```json\n" + json.dumps(GOOD_PRODUCT) + "\n```",
+    'Sure! {"name": "Lamp", "price": "12.50", "tags": ["a}b", "{"]} and {"name": "other"}',
+])
+def test_extract_first_takes_the_first_value_and_ignores_the_text_around_it(answer):
+    parsed = FIRST.parse(answer)
+    assert parsed.ok and parsed.value["name"] == "Lamp"
+    assert FIRST.complete(answer)
+
+
+@pytest.mark.parametrize("answer, truncated, reason", [
+    ('JSON: {"name": "Lamp", "price": "12.5', True, "cut off at the token limit"),
+    ('JSON: {"name": "Lamp", "price": "12.5', False, "the JSON value is not closed"),
+    ("I cannot help with that.", False, "no JSON object or array in the answer"),
+    ('{"name": "Lamp", "price": "12.5", "tags": ["x"]} trailing', False, "does not match pattern"),
+    ('{"name": "Lamp", "price": "12.50", "tags": ["x"], "color": "red"} ok', False, "unexpected field"),
+    ('{"a": ' * 20 + "1" + "}" * 20, False, "nested deeper than 16 levels"),
+])
+def test_extract_first_still_holds_the_value_to_its_schema(answer, truncated, reason):
+    parsed = FIRST.parse(answer, truncated=truncated)
+    assert not parsed.ok and reason in parsed.reason
+
+
+def test_extract_first_a_value_closed_before_the_token_limit_counts_and_generation_may_stop_there():
+    answer = json.dumps(GOOD_PRODUCT) + "\n\nThis JSON contains"
+    assert FIRST.parse(answer, truncated=True).ok and not PRODUCT.parse(answer, truncated=True).ok
+    assert not FIRST.complete('JSON: {"name": "La') and not FIRST.complete("Here it is:")
+    assert FIRST.complete('{"name": "a]}"}')
+
+
+def test_extract_first_is_fast_on_deep_and_huge_answers_and_round_trips():
+    start = time.perf_counter()
+    assert not FIRST.parse("x " + "[" * 100_000).ok
+    assert FIRST.parse("{" * 3000 + "}" * 3000).reason == "answer longer than 4000 characters"
+    assert time.perf_counter() - start < 0.5
+    assert OutputContract.from_dict(json.loads(json.dumps(FIRST.to_dict()))) == FIRST
+    assert "extract" not in PRODUCT.to_dict()  # whole-answer records (and their content hashes) are as before
+    assert "first JSON value" in FIRST.describe()
+    with pytest.raises(ContractError, match="extract"):
+        OutputContract("json", schema={}, extract="last")
+    with pytest.raises(ContractError, match="takes no extract"):
+        OutputContract("regex", pattern="x", extract="first")

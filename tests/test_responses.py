@@ -4,9 +4,11 @@ under entity swaps, the judge on (input, answer) pairs. Scripted targets test th
 that a template which breaks the answer format loses and is refused, whatever its log-odds do."""
 
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+
 import pytest
 
 from pipelines.config import load_task
@@ -184,6 +186,36 @@ def test_greedy_answers_equal_model_generate_and_fill_the_label_cache(lm):
     for full, cut in zip(answers, short):
         assert full.text.startswith(cut.text) and cut.tokens <= full.tokens
         assert contract.parse(cut.text, truncated=cut.truncated) == contract.parse(full.text, truncated=full.truncated)
+
+
+@pytest.mark.e2e
+def test_long_answers_decoded_with_a_cache_equal_model_generate_and_stop_when_the_json_closes(lm):
+    """A generation task's answers run for tens of tokens: after the first (packed) token the rest are decoded
+    with a key/value cache per left-padded batch; the text must be model.generate's, token for token."""
+    import torch
+
+    from pipelines.data import load_splits
+    from pipelines.engine.target import LabelScorer, prompt_frame
+    from pipelines.scoring import output_contract, scorer_words
+
+    task = load_task(str(Path(__file__).parent / "data" / "transactions_json.yaml"))
+    texts = [e.text for e in load_splits(task).dev[:6]]
+    template = task.seed_template()
+    scorer = LabelScorer(lm, scorer_words(task), batch_size=4)
+    answers = scorer.answer(template, texts, 40)
+    before, after = prompt_frame(lm.tokenizer, template, True)
+    for text, answer in zip(texts, answers):
+        ids = lm.tokenizer(before + text + after, return_tensors="pt", add_special_tokens=False).input_ids
+        with torch.inference_mode():
+            out = lm.model.generate(ids, max_new_tokens=40, do_sample=False)
+        assert answer.text == lm.tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+        assert answer.tokens == min(40, out.shape[1] - ids.shape[1]) or answer.tokens == out.shape[1] - ids.shape[1] - 1
+    contract = output_contract(task)
+    short = LabelScorer(lm, scorer_words(task), batch_size=4).answer(template, texts, 40, contract.complete)
+    for full, cut in zip(answers, short):
+        assert full.text.startswith(cut.text) and cut.tokens <= full.tokens
+        if contract.parse(full.text, truncated=full.truncated).ok:  # the first JSON value closed: stop there
+            assert contract.parse(cut.text, truncated=cut.truncated) == contract.parse(full.text, truncated=full.truncated)
 
 
 TUNED = ("The above task can be clarified further by providing more context. For example, it only challenges "

@@ -307,34 +307,76 @@ class LabelScorer:
 
     def _greedy(self, template, texts, suffixes: dict[int, list[int]], prefix_ids: list[int], max_new_tokens: int,
                 complete) -> dict[int, Answer]:
-        """Greedy decoding of the sequences ``suffixes`` after ``prefix_ids``, one packed pass per new token."""
+        """Greedy decoding of the sequences ``suffixes`` after ``prefix_ids``: the first token in a packed pass (which
+        also reads the label log-probs, cached for ``score``), the rest with a key/value cache (``_decode_cached``)."""
         tok = self.lm.tokenizer
         new: dict[int, list[int]] = {i: [] for i in suffixes}
         done: dict[int, Answer] = {}
-        active = dict(suffixes)
-        for step in range(max_new_tokens):
-            if not active:
-                break
-            prefix = self._prefix_state(prefix_ids) if prefix_ids else None
-            readout = self._first_token_readout if step == 0 else self._next_token_readout
-            for i, result in self._run_batches(active, prefix, len(prefix_ids), readout).items():
-                if step == 0:
-                    row, token = result
-                    self._cache.put(template.text, texts[i], row)  # what ``score`` would have computed
-                else:
-                    token = result
-                if token in self._eos:
-                    done[i] = Answer(tok.decode(new[i], skip_special_tokens=True), False, len(new[i]))
-                    del active[i]
-                    continue
-                new[i].append(token)
-                if complete is not None and complete(tok.decode(new[i], skip_special_tokens=True)):
-                    done[i] = Answer(tok.decode(new[i], skip_special_tokens=True), False, len(new[i]))
-                    del active[i]
-                else:
-                    active[i] = suffixes[i] + new[i]
-        for i in active:
-            done[i] = Answer(tok.decode(new[i], skip_special_tokens=True), True, len(new[i]))
+        active: dict[int, list[int]] = {}
+        prefix = self._prefix_state(prefix_ids) if prefix_ids else None
+        for i, (row, token) in self._run_batches(suffixes, prefix, len(prefix_ids), self._first_token_readout).items():
+            self._cache.put(template.text, texts[i], row)  # what ``score`` would have computed
+            if token in self._eos:
+                done[i] = Answer("", False, 0)
+                continue
+            new[i].append(token)
+            text = tok.decode(new[i], skip_special_tokens=True)
+            if complete is not None and complete(text):
+                done[i] = Answer(text, False, 1)
+            elif max_new_tokens == 1:
+                done[i] = Answer(text, True, 1)
+            else:
+                active[i] = suffixes[i] + new[i]
+        if active:
+            done.update(self._decode_cached(prefix_ids, active, new, max_new_tokens - 1, complete))
+        return done
+
+    def _decode_cached(self, prefix_ids: list[int], active: dict[int, list[int]], new: dict[int, list[int]],
+                       remaining: int, complete, batch_size: int = 8) -> dict[int, Answer]:
+        """Greedy decoding of up to ``remaining`` more tokens per sequence (``prefix_ids + active[i]``), batches
+        left-padded, one key/value cache per batch: a new token costs one token's pass, not the whole suffix's
+        again. ``new[i]`` holds the tokens so far and grows in place."""
+        tok, model = self.lm.tokenizer, self.lm.model
+        pad = tok.pad_token_id if tok.pad_token_id is not None else next(iter(self._eos))
+        done: dict[int, Answer] = {}
+        order = list(active)
+        for start in range(0, len(order), batch_size):
+            chunk = order[start : start + batch_size]
+            seqs = [prefix_ids + active[i] for i in chunk]
+            width = max(map(len, seqs))
+            ids = torch.tensor([[pad] * (width - len(seq)) + seq for seq in seqs])
+            mask = torch.tensor([[0] * (width - len(seq)) + [1] * len(seq) for seq in seqs])
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)
+            with torch.inference_mode():
+                out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
+            self.stats.tokens_forward += int(mask.sum())
+            running = list(range(len(chunk)))
+            for step in range(remaining):
+                tokens = out.logits[:, -1].argmax(-1).tolist()
+                still = []
+                for r in running:
+                    i = chunk[r]
+                    if tokens[r] in self._eos:
+                        done[i] = Answer(tok.decode(new[i], skip_special_tokens=True), False, len(new[i]))
+                        continue
+                    new[i].append(tokens[r])
+                    text = tok.decode(new[i], skip_special_tokens=True)
+                    if complete is not None and complete(text):
+                        done[i] = Answer(text, False, len(new[i]))
+                    else:
+                        still.append(r)
+                running = still
+                if not running or step == remaining - 1:
+                    break
+                mask = torch.cat([mask, mask.new_ones(len(chunk), 1)], dim=1)
+                positions = positions[:, -1:] + 1
+                with torch.inference_mode():
+                    out = model(input_ids=torch.tensor(tokens)[:, None], attention_mask=mask, position_ids=positions,
+                                past_key_values=out.past_key_values, use_cache=True)
+                self.stats.tokens_forward += len(chunk)
+            for r in running:
+                i = chunk[r]
+                done[i] = Answer(tok.decode(new[i], skip_special_tokens=True), True, len(new[i]))
         return done
 
     def _label_readout(self, picked: torch.Tensor) -> np.ndarray:

@@ -1,0 +1,93 @@
+"""Generation tasks: the answer is a JSON record under a contract, compared with each example's reference.
+Config and data checks (pure), then a user's 3-field JSON task over a JSONL file of its own through `eval`, a
+1-step tuning run (real model, Ray, W&B offline files, SQLite) and `predict`."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipelines.cli import main
+from pipelines.config import ConfigError, load_task
+from pipelines.data import DataError, load_splits
+
+DATA = Path(__file__).parent / "data"
+TXN = str(DATA / "transactions_json.yaml")
+FIELDS = {"merchant", "amount", "channel"}
+
+
+def test_a_generation_task_loads_with_its_contract_references_and_defaults():
+    task = load_task(TXN)
+    assert task.is_generation and not task.labels and task.verbalizers == []
+    assert task.scoring.decision == "answer" and task.scoring.metric == "field_exact_match"
+    assert task.scoring.reward_metric == "field_exact_match"
+    contract = task.output.output_contract()
+    assert contract.kind == "json" and contract.extract == "first"
+    splits = load_splits(task)
+    assert (len(splits.train), len(splits.dev), len(splits.test)) == (8, 8, 16)
+    assert all(set(e.reference) == FIELDS and e.label == "" for e in splits.test)
+    assert not {e.text for e in splits.test} & {e.text for e in splits.dev + splits.train}
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"scoring.decision": "calibrated"}, "decision is its parsed answer"),
+    ({"scoring.metric": "balanced_accuracy"}, "needs labels"),
+    ({"output.contract": {"kind": "labels", "labels": ["a", "b"], "words": ["x", "y"]}}, "must be json or regex"),
+    ({"output.contract": {"kind": "json", "schema": {"type": "objekt"}}}, "type must be"),
+    ({"labels": {"a": {"values": ["a"], "verbalizer": "a"}}}, "has no labels"),
+])
+def test_a_generation_task_refuses_what_belongs_to_labels(change, message):
+    with pytest.raises(ConfigError, match=message):
+        load_task(TXN).with_overrides(**change)
+
+
+def test_a_labelled_task_refuses_generation_metrics_and_a_task_needs_labels_or_an_output():
+    with pytest.raises(ConfigError, match="measure generated answers"):
+        load_task("risk").with_overrides(**{"scoring.metric": "token_f1"})
+    with pytest.raises(ConfigError, match="two or more labels .* or an output"):
+        load_task(str(DATA / "cases_4label.yaml")).with_overrides(labels={})
+
+
+def test_a_reference_that_breaks_the_contract_is_named_with_its_row(tmp_path):
+    rows = [{"case": f"Card payment of {i} EUR at Shop {i}", "reference": {"merchant": f"Shop {i}", "amount": i,
+                                                                             "channel": "card"}} for i in range(40)]
+    rows[6]["reference"]["channel"] = "cheque"
+    (tmp_path / "data.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    text = Path(TXN).read_text().replace("source: transactions_json.jsonl", f"source: {tmp_path / 'data.jsonl'}")
+    (tmp_path / "task.yaml").write_text(text)
+    with pytest.raises(DataError, match=r"data row 7: the reference answer breaks the output contract \('\$\.channel"):
+        load_splits(load_task(str(tmp_path / "task.yaml")))
+
+
+@pytest.mark.e2e
+def test_a_json_user_task_runs_through_eval_tuning_the_store_and_predict(tmp_path, capsys, ray_session):
+    assert main(["eval", "--task", TXN, "--split", "test", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["examples"] == 16 and report["valid"]
+    assert report["decision"]["kind"] == "answer" and report["decision"]["contract"]["kind"] == "json"
+    assert set(report["metrics"]) == {"field_exact_match", "token_f1", "contract_rate"}
+    kept = report["rates"]["instruction_following"]
+    assert kept["of"] == 16 and report["metrics"]["contract_rate"] == pytest.approx(kept["kept"] / 16)
+    assert report["rates"]["entity_consistency"]["of"] == 16
+    assert all(0.0 <= v <= 1.0 for v in report["metrics"].values())
+    for sample in report["samples"]:  # the reference shown next to what the contract made of the answer
+        assert set(json.loads(sample["label"])) == FIELDS
+        assert (not sample["contract_kept"]) or set(json.loads(sample["parsed"])) >= FIELDS
+
+    run_dir, store = tmp_path / "run", f"sqlite:///{tmp_path / 'store.sqlite'}"
+    code = main(["--task", TXN, "--steps", "1", "--dev-examples", "0", "--run-dir", str(run_dir), "--store", store])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "held-out test split" in out and "field_exact_match" in out
+    tuned = json.loads((run_dir / "report.json").read_text())
+    assert tuned["steps"] == 1 and tuned["test"][0]["template_name"] == "seed"
+    assert all(0.0 <= row["field_exact_match"] <= 1.0 for row in tuned["test"])
+
+    text = "Card payment of 42.00 EUR at Bistro Luna that the customer does not recognise."
+    assert main(["predict", "--task", TXN, "--store", store, "--json", "--text", text]) == 0
+    (served,) = json.loads(capsys.readouterr().out)
+    assert served["label"] is None and served["answer"]
+    assert (served["value"] is None) == bool(served["contract_broken"])
+    assert served["value"] is None or set(served["value"]) >= FIELDS
+    assert main(["store", "show", "txn-fields@production", "--store", store]) == 0
+    assert "first JSON value in the answer" in capsys.readouterr().out
