@@ -285,3 +285,29 @@ def test_an_unreachable_cluster_is_a_clear_error_not_a_traceback(tmp_path, capsy
     assert code == 2
     err = capsys.readouterr().err
     assert "cannot submit the job to the Ray cluster at 'http://127.0.0.1:9'" in err and "8265" in err
+
+
+@pytest.mark.e2e
+def test_the_reward_file_scores_a_generation_task_as_the_local_scorer_does(tmp_path):
+    """Both kinds reach OpenRLHF: a JSON-contract task's candidate gets the local scorer's reward."""
+    from pipelines.config import load_task
+    from pipelines.data import load_splits
+    from pipelines.engine.models import load_causal_lm, load_tokenizer
+    from pipelines.generation import candidate_text
+    from pipelines.scoring import build_scorer
+
+    task_file = str(REPO / "tests" / "data" / "transactions_json.yaml")
+    run_dir = tmp_path / "run"
+    assert main(["--task", task_file, "--backend", "openrlhf", "--dry-run", "--run-dir", str(run_dir)]) == 0
+    overrides = {"scoring.robustness_attacks": ["checklist"]}
+    _edit_settings(run_dir, task_overrides=overrides)
+    reply = "Extract the merchant, the amount and the channel of the transaction."
+    prompt = load_tokenizer().apply_chat_template([{"role": "user", "content": "write an instruction"}], tokenize=False,
+                                                  add_generation_prompt=True)
+    executor = _executor(run_dir / "reward_func.py")
+    (reward,) = executor.reward_func([prompt + reply], [prompt], [""])["rewards"]
+
+    task = load_task(task_file).with_overrides(**overrides)
+    (scored,) = build_scorer(task, load_splits(task), load_causal_lm()).measure([candidate_text(task, reply)])
+    assert scored.reward.valid and "field_exact_match" in scored.measured.metrics
+    assert float(reward) == pytest.approx(scored.reward.total, abs=1e-6)
