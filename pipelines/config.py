@@ -320,11 +320,9 @@ class TaskConfig(_Strict):
     def _generation_defaults(cls, data: Any) -> Any:
         """A generation task's only decision is its parsed answer, measured by default on field exact match."""
         if isinstance(data, dict) and data.get("output") is not None:
-            scoring = dict(data.get("scoring") or {}) if isinstance(data.get("scoring") or {}, dict) else data["scoring"]
-            if isinstance(scoring, dict):
-                scoring.setdefault("decision", "answer")
-                scoring.setdefault("metric", "field_exact_match")
-                data = {**data, "scoring": scoring}
+            scoring = data.get("scoring") or {}
+            if isinstance(scoring, dict):  # anything else is the scoring section's own error to report
+                data = {**data, "scoring": {"decision": "answer", "metric": "field_exact_match", **scoring}}
         return data
 
     @model_validator(mode="after")

@@ -8,10 +8,15 @@ endpoints) and binds the task's reward components once.
 Every candidate is measured on the target's *responses*, as production would receive them:
 
 * the greedy answers (``OutputContract``: ``instruction_following`` is the share that keep the contract);
-* the decision of the task (``scoring.decision``: the label log-probs with a fitted threshold, or the parsed
-  answer), and whether it survives swapping the input's entities (``entity_consistency``);
+* the decision of the task (``scoring.decision``: the label log-probs with a fitted threshold or per-label
+  offsets, or the parsed answer), and whether it survives swapping the input's entities (``entity_consistency``);
 * the judge's grades of a few (input, response) pairs, and of the template's text for template rubrics;
-* the reward metric and PromptBench robustness (label log-odds ROC-AUC on a dev sample).
+* the reward metric and PromptBench robustness (label log-odds ROC-AUC on a dev sample, one-vs-rest for more
+  than two labels).
+
+A generation task (``output:`` in the task file) has no labels: its decision is the parsed answer, its metrics
+compare it with each example's reference (``rewards.generation_metrics``), entity consistency asks that every
+value it gives is in its input, and robustness compares the reward metric of the answers.
 
 Two modes:
 * ``measure`` (the tuning loop): the dev sample; under a calibrated decision the rates use a threshold fitted
