@@ -113,11 +113,9 @@ def read_template_file(path: str, task: TaskConfig) -> Template:
         template = Template.from_text(text.rstrip("\n"))
     else:
         raise ConfigError(f"template file {path!r} does not exist")
-    if template.variables != (task.input_variable,):
-        raise TemplateError(
-            f"template in {path} declares {list(template.variables)}; task {task.name!r} fills only "
-            f"{{{task.input_variable}}}"
-        )
+    if set(template.variables) != set(task.input_variables):
+        wanted = ", ".join("{" + v + "}" for v in task.input_variables)
+        raise TemplateError(f"template in {path} declares {list(template.variables)}; task {task.name!r} fills {wanted}")
     task_constraints = tuple(constraints_from_spec(task.template.constraints))
     return Template(template.text, template.variables, tuple(dict.fromkeys(task_constraints + template.constraints)),
                     template.decision)
@@ -164,7 +162,7 @@ def cmd_render(args) -> int:
         chat = load_tokenizer(args.model)
     rendered = []
     for example in examples:
-        prompt = template.render({task.input_variable: example.text})
+        prompt = template.render(example.inputs(task.input_variable))
         if chat is not None:
             prompt = chat.apply_chat_template(
                 [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
@@ -452,6 +450,22 @@ def print_final_table(task: TaskConfig, report: dict) -> None:
     print(f"\nreport: {report['run_dir']}/report.json   W&B (offline) run: {report['wandb_folder']}")
 
 
+def input_values(task: TaskConfig, text: str) -> dict[str, str]:
+    """One --text as the template's values: the text itself, or for a task with several inputs a JSON object of
+    them (e.g. '{"category": "laptops", "price_range": "500-800"}')."""
+    if len(task.input_variables) == 1:
+        return {task.input_variable: text}
+    try:
+        values = json.loads(text)
+    except ValueError:
+        values = None
+    if not isinstance(values, dict) or set(values) != set(task.input_variables):
+        example = json.dumps({name: "..." for name in task.input_variables})
+        raise ConfigError(f"task {task.name!r} takes several inputs: give each --text as a JSON object with exactly "
+                          f"the keys {list(task.input_variables)}, e.g. '{example}'")
+    return values
+
+
 def cmd_predict(args) -> int:
     """The serving path from the command line: the routed version, the target's log-probs, its decision."""
     from pipelines.scoring import label_scorer
@@ -475,7 +489,7 @@ def cmd_predict(args) -> int:
         except ValueError as exc:  # a URL or model name the endpoint scorer refuses
             raise ConfigError(str(exc)) from None
         label = None if args.key else args.label
-        out = [reader.predict(task.name, {task.input_variable: text}, target, label=label, key=args.key)
+        out = [reader.predict(task.name, input_values(task, text), target, label=label, key=args.key)
                for text in args.text]
     finally:
         reader.close()

@@ -59,6 +59,8 @@ class DataConfig(_Strict):
     header: bool = True
     columns: tuple[str, ...] | None = Field(None, description="column names when the file has no header row")
     text_column: str = "text"
+    input_columns: tuple[str, ...] = Field((), description="several inputs: the columns whose values fill the "
+                                           "template's input placeholders, one each (default: text_column alone)")
     label_column: str = "label"
     reference_column: str = Field("reference", description="generation tasks: the column holding each example's "
                                   "reference answer (JSON text for a json contract, plain text for a regex one)")
@@ -377,13 +379,21 @@ class TaskConfig(_Strict):
 
     @property
     def input_variable(self) -> str:
-        return self.data.text_column
+        """The first input placeholder (the only one unless ``data.input_columns`` names several)."""
+        return self.input_variables[0]
+
+    @property
+    def input_variables(self) -> tuple[str, ...]:
+        return self.data.input_columns or (self.data.text_column,)
 
     def skeleton(self) -> Template:
         try:
-            return Template(self.template.skeleton, ("instruction", self.input_variable))
+            skeleton = Template(self.template.skeleton, ("instruction", *self.input_variables))
         except TemplateError as exc:
             raise ValueError(f"template.skeleton: {exc}") from None
+        if skeleton.placeholders[0] != "instruction":
+            raise ValueError("template.skeleton must put {instruction} before the input placeholders")
+        return skeleton
 
     def compose(self, instruction: str) -> str:
         """Template text with ``instruction`` put into the skeleton; the input placeholder stays a placeholder.
@@ -391,15 +401,16 @@ class TaskConfig(_Strict):
         The instruction is inserted raw, so braces in it stay braces: an instruction that adds a
         placeholder makes the composed template invalid, which validation then reports.
         """
-        before, middle, after = _split_skeleton(self.template.skeleton, self.input_variable)
-        return before + instruction.strip() + middle + "{" + self.input_variable + "}" + after
+        skeleton = self.template.skeleton
+        i = skeleton.index("{instruction}")
+        return skeleton[:i] + instruction.strip() + skeleton[i + len("{instruction}") :]
 
     def seed_template(self) -> Template:
         return self.make_template(self.compose(self.template.seed_instruction))
 
     def make_template(self, text: str) -> Template:
         try:
-            return Template(text, (self.input_variable,), tuple(constraints_from_spec(self.template.constraints)))
+            return Template(text, self.input_variables, tuple(constraints_from_spec(self.template.constraints)))
         except TemplateError as exc:
             raise ValueError(f"template: {exc}") from None
 
@@ -437,15 +448,6 @@ class TaskConfig(_Strict):
                 raise ConfigError(f"unknown setting {excerpt(dotted)}; name one as section.key, e.g. split.test")
             node[leaf] = value
         return _validate(data, self.base_dir, f"task {self.name!r} with overrides")
-
-
-def _split_skeleton(skeleton: str, input_variable: str) -> tuple[str, str, str]:
-    """The literal pieces of the skeleton around {instruction} and the input placeholder (in either order)."""
-    instr, inp = "{instruction}", "{" + input_variable + "}"
-    i, j = skeleton.index(instr), skeleton.index(inp)
-    if i > j:
-        raise ValueError("template.skeleton must put {instruction} before the input placeholder")
-    return skeleton[:i], skeleton[i + len(instr) : j], skeleton[j + len(inp) :]
 
 
 def _validate(data: dict, base_dir: Path, origin: str) -> TaskConfig:

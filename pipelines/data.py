@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.config import TaskConfig, check_file, excerpt, resolve_source
+from templates.template import TemplateError
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,11 @@ class Example:
     text: str
     label: str  # a task label name, e.g. "high_risk"; "" in a generation task
     reference: Any = field(default=None, compare=False)  # generation: the reference answer (parsed JSON or text)
+    values: Any = field(default=None, compare=False)  # several inputs: placeholder -> value; ``text`` is their span
+
+    def inputs(self, variable: str) -> dict[str, str]:
+        """The template's values for this example (``variable``: the task's only input placeholder)."""
+        return dict(self.values) if self.values is not None else {variable: self.text}
 
 
 @dataclass(frozen=True)
@@ -127,7 +133,7 @@ def read_rows(task: TaskConfig) -> list[dict[str, str]]:
                             "(an unclosed quote?) or data.delimiter") from None
     if not rows:
         raise DataError(f"task {task.name!r}: data file {name} holds no rows; add examples or fix data.source")
-    for column in (cfg.text_column, cfg.reference_column if task.is_generation else cfg.label_column):
+    for column in (*task.input_variables, cfg.reference_column if task.is_generation else cfg.label_column):
         if not any(column in row for row in rows[:50]):
             columns = ", ".join(excerpt(c, 30) for c in list(rows[0])[:5])
             raise DataError(
@@ -147,9 +153,10 @@ def load_examples(task: TaskConfig) -> list[Example]:
     examples: list[Example] = []
     seen: set[str] = set()
     unknown: Counter[str] = Counter()
-    for row in read_rows(task):
+    read = _input_reader(task)
+    for i, row in enumerate(read_rows(task), 1):
         raw = (row.get(cfg.label_column) or "").strip()
-        text = (row.get(cfg.text_column) or "").strip()
+        text, values = read(row, i)
         if raw in cfg.drop_values or not text:
             continue
         if raw not in to_label:
@@ -159,7 +166,7 @@ def load_examples(task: TaskConfig) -> list[Example]:
             if text in seen:
                 continue
             seen.add(text)
-        examples.append(Example(text[: cfg.max_chars], to_label[raw]))
+        examples.append(Example(text if values else text[: cfg.max_chars], to_label[raw], values=values))
     if unknown:
         values = ", ".join(f"{excerpt(v, 30)} ({n})" for v, n in unknown.most_common(3))
         raise DataError(
@@ -178,6 +185,29 @@ def load_examples(task: TaskConfig) -> list[Example]:
     return examples
 
 
+def _input_reader(task: TaskConfig):
+    """``read(row, i) -> (text, values)``: one input column's text (values None), or for several the span of the
+    template between its first and last input placeholder rendered with the row's values (the text the scorers
+    see; ``Template.input_frame``). Each value is cut to ``data.max_chars``; a value that breaks the template's
+    constraints is named with its row."""
+    cfg = task.data
+    if len(task.input_variables) == 1:
+        return lambda row, i: ((row.get(cfg.text_column) or "").strip(), None)
+    _, span = task.seed_template().input_frame()
+
+    def read(row: dict, i: int) -> tuple[str, dict | None]:
+        values = {name: (row.get(name) or "").strip()[: cfg.max_chars] for name in task.input_variables}
+        if not all(values.values()):
+            return "", None
+        try:
+            return span.render(values), values
+        except TemplateError as exc:
+            raise DataError(f"task {task.name!r}: data row {i}: {excerpt(str(exc), 160)}; fix the row or the "
+                            "template's constraints") from None
+
+    return read
+
+
 def _generation_examples(task: TaskConfig) -> list[Example]:
     """A generation task's examples: input text and reference answer, which must keep the task's contract (a
     reference the contract refuses could never be matched: the row is named, not skipped)."""
@@ -185,8 +215,9 @@ def _generation_examples(task: TaskConfig) -> list[Example]:
     contract = task.output.output_contract()
     examples: list[Example] = []
     seen: set[str] = set()
+    read = _input_reader(task)
     for i, row in enumerate(read_rows(task), 1):
-        text = (row.get(cfg.text_column) or "").strip()
+        text, values = read(row, i)
         reference = (row.get(cfg.reference_column) or "").strip()
         if not text:
             continue
@@ -198,7 +229,7 @@ def _generation_examples(task: TaskConfig) -> list[Example]:
             if text in seen:
                 continue
             seen.add(text)
-        examples.append(Example(text[: cfg.max_chars], "", parsed.value))
+        examples.append(Example(text if values else text[: cfg.max_chars], "", parsed.value, values))
     if not examples:
         raise DataError(f"task {task.name!r}: no usable examples in the data")
     return examples

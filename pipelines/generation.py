@@ -78,7 +78,8 @@ def instruction_of(task: TaskConfig, template_text: str) -> str:
     """The instruction inside a template built from the task's skeleton ('' if it was not)."""
     skeleton = task.template.skeleton
     head, _, _ = skeleton.partition("{instruction}")
-    tail = skeleton.split("{instruction}", 1)[1].split("{" + task.input_variable + "}")[0]
+    first_input = task.skeleton().placeholders[1]
+    tail = skeleton.split("{instruction}", 1)[1].split("{" + first_input + "}")[0]
     if template_text.startswith(head) and tail in template_text:
         return template_text[len(head) : template_text.index(tail, len(head))].strip()
     return ""

@@ -216,12 +216,23 @@ class CandidateScorer:
         return len(self.tokenizer(text, add_special_tokens=False).input_ids)
 
     def validate(self, text: str):
-        return validate_candidate(text, (self.task.input_variable,), self.task.template.max_tokens, self.count_tokens)
+        return validate_candidate(text, self.task.input_variables, self.task.template.max_tokens, self.count_tokens)
 
     def label_logprobs(self, template: Template, examples: Sequence[Example]) -> np.ndarray:
         """The label log-probs per example (one column per label, normalised over the labels), in float64 as
         ``DecisionRule.decide`` reads them at serving time: both paths compare the same numbers."""
-        return np.asarray(self.target.score(template, [e.text for e in examples]), dtype=np.float64)
+        return np.asarray(self.target.score(*self._inputs(template, examples)), dtype=np.float64)
+
+    @staticmethod
+    def _inputs(template: Template, examples: Sequence[Example]) -> tuple[Template, list[str]]:
+        """What the scorers get: the template and each example's text; with several inputs, the template's frame
+        and each example's values rendered into its span (``Template.input_frame``; the values were checked
+        against the constraints when the data was read; an entity-swapped variant is a span already)."""
+        frame, span = template.input_frame()
+        if frame is template:
+            return template, [e.text for e in examples]
+        bare = Template(span.text, span.variables)
+        return frame, [e.text if e.values is None else bare.render(e.values) for e in examples]
 
     def _reward_metric(self, logprobs: np.ndarray, examples: Sequence[Example]) -> float:
         """ROC-AUC of the label log-odds (macro one-vs-rest over three or more labels)."""
@@ -230,7 +241,7 @@ class CandidateScorer:
     def responses(self, template: Template, examples: Sequence[Example], *, answers: bool = True) -> Responses:
         """The target's label log-probs for ``examples`` and, with ``answers``, its greedy answers and their
         parses (the answers' first pass computes the log-probs too, so asking for both costs one pass more)."""
-        texts = [e.text for e in examples]
+        template, texts = self._inputs(template, examples)
         if not answers:
             return Responses(self.target.score(template, texts))
         got = self.target.answer(template, texts, self.max_new_tokens, self.contract.complete)
@@ -406,7 +417,7 @@ class CandidateScorer:
         return self._calibrated(self.label_logprobs(template, self.calibration), self.calibration)
 
     def render_us_p99(self, template: Template, examples: Sequence[Example], repeats: int = 2000) -> float:
-        values = [{self.task.input_variable: e.text} for e in examples[:50]]
+        values = [e.inputs(self.task.input_variable) for e in examples[:50]]
         samples = []
         for i in range(repeats):
             v = values[i % len(values)]
@@ -459,5 +470,5 @@ class CandidateScorer:
         """Time one valid template on a split (apart from ``evaluate``, so a pool can run it on one worker at
         a time, without other workers' compute inflating the figure)."""
         examples = list(self.splits[split])
-        probe = self.target.request_latency_ms(template, [e.text for e in examples], n_requests)
+        probe = self.target.request_latency_ms(*self._inputs(template, examples), n_requests)
         return Latency(probe["p50"], probe["p95"], probe["error_rate"], self.render_us_p99(template, examples))

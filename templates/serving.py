@@ -102,23 +102,22 @@ class TemplateReader:
             raise StoreError(f"version {version_id} of {task!r} carries no decision rule (it was stored without one): "
                              f"evaluate it again and store the result, e.g. with a tuning run into this store")
         template.render(values)  # refuses missing, unknown or constraint-breaking values before any model call
+        frame, span = template.input_frame()  # several inputs: the model sees the frame with their span in it
+        texts = [span.render(values)]
         if rule.kind == "answer" and not rule.labels:  # a generation task: the parsed answer is the result
-            (variable,) = template.variables
-            (answer,) = target.answer(template, [str(values[variable])], rule.max_new_tokens, rule.contract.complete)
+            (answer,) = target.answer(frame, texts, rule.max_new_tokens, rule.contract.complete)
             parsed = rule.parse(answer.text, truncated=answer.truncated)
             return Prediction(None, version_id, {}, answer.text, parsed.reason, parsed.value if parsed.ok else None)
         if list(getattr(target, "verbalizers", ())) != list(rule.verbalizers):
             raise ValueError(f"the target scorer answers {list(getattr(target, 'verbalizers', ()))}; version "
                              f"{version_id} decides on {list(rule.verbalizers)}: build the scorer with those words")
-        (variable,) = template.variables
-        texts = [str(values[variable])]
         if rule.kind == "answer":
-            (answer,) = target.answer(template, texts, rule.max_new_tokens, rule.contract.complete)
-            (row,) = target.score(template, texts)  # in-process: cached by the answer's first pass
+            (answer,) = target.answer(frame, texts, rule.max_new_tokens, rule.contract.complete)
+            (row,) = target.score(frame, texts)  # in-process: cached by the answer's first pass
             parsed = rule.parse(answer.text, truncated=answer.truncated)
             return Prediction(parsed.value if parsed.ok else None, version_id, dict(zip(rule.labels, map(float, row))),
                               answer.text, parsed.reason)
-        (row,) = target.score(template, texts)
+        (row,) = target.score(frame, texts)
         return Prediction(rule.decide(row), version_id, dict(zip(rule.labels, map(float, row))))
 
     def _route(self, task: str, label: str | None, key: str | None) -> int:

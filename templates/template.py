@@ -101,6 +101,11 @@ class Constraint:
         return {"variable": self.variable, "op": self.op, "arg": list(self.arg) if self.op == "in" else self.arg}
 
 
+def _escape(literal: str) -> str:
+    """Literal text as template text: braces doubled."""
+    return literal.replace("{", "{{").replace("}", "}}")
+
+
 def parse(text: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Split ``text`` into literal segments and placeholder names.
 
@@ -232,6 +237,26 @@ class Template:
         if self._names != (variable,):
             raise TemplateError(f"split_at({variable!r}) needs a template whose only placeholder is {{{variable}}}")
         return self._literals[0], self._literals[1]
+
+    @property
+    def placeholders(self) -> tuple[str, ...]:
+        """The placeholder names in the order the text uses them."""
+        return self._names
+
+    def input_frame(self) -> tuple["Template", "Template"]:
+        """``(frame, span)`` of a template with several input placeholders: ``frame`` has one placeholder,
+        ``{input_span}``, where the stretch from the first placeholder to the last one was, and ``span`` is that
+        stretch with its placeholders and constraints, so ``frame.render(input_span=span.render(values))`` equals
+        ``self.render(values)``. Scorers share the prompt before the input across examples and see one input per
+        example. A template with one placeholder is its own frame, and its span is the bare placeholder."""
+        names, literals = self._names, self._literals
+        if len(names) == 1:
+            return self, Template("{" + names[0] + "}", names, self.constraints)
+        middle = "".join("{" + name + "}" + _escape(literal) for name, literal in zip(names, literals[1:-1]))
+        span = Template(middle + "{" + names[-1] + "}", self.variables, self.constraints)
+        frame = Template(_escape(literals[0]) + "{input_span}" + _escape(literals[-1]), ("input_span",),
+                         decision=self.decision)
+        return frame, span
 
     def to_dict(self) -> dict:
         record = {

@@ -91,3 +91,93 @@ def test_a_json_user_task_runs_through_eval_tuning_the_store_and_predict(tmp_pat
     assert served["value"] is None or set(served["value"]) >= FIELDS
     assert main(["store", "show", "txn-fields@production", "--store", store]) == 0
     assert "first JSON value in the answer" in capsys.readouterr().out
+
+
+PRODUCTS = str(DATA / "products_multi.yaml")
+
+
+def test_several_inputs_each_with_its_constraint_reach_the_scorer_as_one_span():
+    from templates.template import Template
+
+    task = load_task(PRODUCTS)
+    assert task.input_variables == ("category", "price_range")
+    template = task.seed_template()
+    assert template.variables == ("category", "price_range")
+    frame, span = template.input_frame()
+    assert frame.variables == ("input_span",) and span.text == "{category}\nPrice range (USD): {price_range}"
+    splits = load_splits(task)
+    for e in splits.dev:  # the span is what the scorers see; the frame around it is shared by every example
+        assert e.text == span.render(e.values)
+        assert frame.render(input_span=e.text) == template.render(e.inputs(task.input_variable))
+    with pytest.raises(Exception, match="constraint failed"):
+        template.render({"category": "cars", "price_range": "100-200"})
+    from pipelines.generation import candidate_text, instruction_of
+
+    text = candidate_text(task, "Suggest three good products for this budget.")
+    assert instruction_of(task, text) == "Suggest three good products for this budget."
+    assert Template(text, task.input_variables).placeholders == ("category", "price_range")
+
+
+def test_a_row_that_breaks_an_input_constraint_is_named_and_predict_wants_json_values(tmp_path):
+    from pipelines.cli import input_values
+
+    rows = [json.loads(line) for line in (DATA / "products_multi.jsonl").read_text().splitlines()]
+    rows[2]["price_range"] = "cheap"
+    (tmp_path / "data.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    text = Path(PRODUCTS).read_text().replace("source: products_multi.jsonl", f"source: {tmp_path / 'data.jsonl'}")
+    (tmp_path / "task.yaml").write_text(text)
+    with pytest.raises(DataError, match="data row 3: .*price_range"):
+        load_splits(load_task(str(tmp_path / "task.yaml")))
+    task = load_task(PRODUCTS)
+    assert input_values(task, '{"category": "phones", "price_range": "100-200"}') == {
+        "category": "phones", "price_range": "100-200"}
+    for bad in ("phones 100-200", '{"category": "phones"}', "[1, 2]"):
+        with pytest.raises(ConfigError, match="give each --text as a JSON object with exactly the keys"):
+            input_values(task, bad)
+
+
+@pytest.mark.e2e
+def test_a_task_with_two_inputs_runs_through_eval(capsys):
+    assert main(["eval", "--task", PRODUCTS, "--split", "test", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["examples"] == 8 and report["valid"]
+    assert set(report["metrics"]) == {"field_exact_match", "token_f1", "contract_rate"}
+    assert all("\nPrice range (USD): " in s["input"] for s in report["samples"])
+
+
+def test_serving_a_two_input_version_hands_the_target_its_frame_and_the_values_span(tmp_path):
+    """TemplateReader.predict: what a scorer would see at tuning time (frame + span), the parsed JSON back."""
+    from pipelines.engine.answers import Answer
+    from pipelines.scoring import output_contract
+    from templates.decision import DecisionRule
+    from templates.gate import Decision
+    from templates.serving import TemplateReader
+    from templates.store import TemplateStore
+    from templates.template import Template
+
+    task = load_task(PRODUCTS)
+    seed = task.seed_template()
+    rule = DecisionRule("answer", (), (), contract=output_contract(task), max_new_tokens=40)
+    version = Template(seed.text, seed.variables, seed.constraints, rule)
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    with TemplateStore(url) as store:
+        store.promote(task.name, store.add_version(task.name, version, decision=Decision(True, ("pass",))).id)
+
+    class Target:
+        verbalizers = ["yes", "no"]
+        seen = []
+
+        def answer(self, template, texts, max_new_tokens, complete):
+            self.seen.append((template.text, list(texts)))
+            return [Answer('Sure: ["A", "B", "C"] and more', True, 40)]
+
+    reader = TemplateReader(url)
+    try:
+        got = reader.predict(task.name, {"category": "phones", "price_range": "100-200"}, Target())
+        with pytest.raises(Exception, match="constraint failed"):
+            reader.predict(task.name, {"category": "cars", "price_range": "100-200"}, Target())
+    finally:
+        reader.close()
+    assert got.value == ["A", "B", "C"] and got.label is None and got.reason == ""
+    ((frame_text, texts),) = Target.seen
+    assert texts == ["phones\nPrice range (USD): 100-200"] and "{input_span}" in frame_text
