@@ -249,6 +249,10 @@ class Template:
         stretch with its placeholders and constraints, so ``frame.render(input_span=span.render(values))`` equals
         ``self.render(values)``. Scorers share the prompt before the input across examples and see one input per
         example. A template with one placeholder is its own frame, and its span is the bare placeholder."""
+        return self._frame
+
+    @functools.cached_property
+    def _frame(self) -> tuple["Template", "Template"]:  # once per template: the serving path asks on every call
         names, literals = self._names, self._literals
         if len(names) == 1:
             return self, Template("{" + names[0] + "}", names, self.constraints)
