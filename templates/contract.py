@@ -13,7 +13,9 @@ Three kinds, as the task file declares:
   of JSON Schema. The result is the parsed value. With ``extract: first`` the value is the first JSON object or
   array in the answer and text around it is ignored, as many applications parse; generation then stops as soon
   as that value closes.
-* ``regex``: the whole answer, stripped of surrounding whitespace, must fullmatch a pattern.
+* ``regex``: the whole answer, stripped of surrounding whitespace, must fullmatch a pattern. With ``extract:
+  first`` the value is the first match of the pattern anywhere in the answer ("The number is 09061701461." gives
+  09061701461), as an application that searches the answer would read it.
 
 An answer that breaks its contract is data, not an error: ``parse`` never raises, it returns ``Parsed`` with
 ``ok=False`` and a short reason. A contract that is itself wrong raises ``ContractError`` when it is built.
@@ -30,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 KINDS = ("labels", "json", "regex")
-KIND_FIELDS = {"labels": ("labels", "words"), "json": ("schema", "extract"), "regex": ("pattern",)}
+KIND_FIELDS = {"labels": ("labels", "words"), "json": ("schema", "extract"), "regex": ("pattern", "extract")}
 EXTRACTS = ("whole", "first")
 RULES = ("first_word", "exact")
 JSON_TYPES = ("string", "number", "integer", "boolean", "object", "array", "null")
@@ -262,7 +264,7 @@ class OutputContract:
     pattern: str | None = None  # regex: the whole stripped answer must fullmatch it
     max_chars: int = 4000  # longer answers fail
     max_depth: int = 16  # json: deeper nesting fails
-    extract: str = "whole"  # json: "whole" answer, or the "first" object/array in it (text around it ignored)
+    extract: str = "whole"  # json/regex: the "whole" answer, or the "first" object/array or match in it
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -329,6 +331,8 @@ class OutputContract:
             return Parsed(False, None, f"answer longer than {self.max_chars} characters")
         if self.kind == "labels":
             return self._parse_labels(answer, truncated)
+        if self.kind == "regex" and self.extract == "first":
+            return self._parse_first_match(answer, truncated)
         if self.extract == "first":  # a closed value is whole even if the answer ran on to the limit
             found = self._parse_first_json(answer)
             return Parsed(False, None, CUT_OFF) if truncated and not found.ok and _opening(answer) else found
@@ -385,6 +389,14 @@ class OutputContract:
             return Parsed(False, None, "the JSON value is not closed")
         return self._parse_json(answer[start:end])
 
+    def _parse_first_match(self, answer: str, truncated: bool) -> Parsed:
+        found = re.search(self.pattern, answer)
+        if found is not None and not (truncated and found.end() == len(answer)) and found.group().strip():
+            return Parsed(True, found.group().strip())
+        if truncated:  # no match yet, or one that may go on past the limit ("0906170" of "09061701461")
+            return Parsed(False, None, CUT_OFF)
+        return Parsed(False, None, f"no match of the pattern {_short(self.pattern, 40)} in the answer")
+
     def complete(self, answer: str) -> bool:
         """Whether more tokens cannot change ``parse``'s result, so a generator may stop: a first word followed
         by a non-word character (labels, first_word), or a closed first JSON value (json, extract first); other
@@ -407,6 +419,8 @@ class OutputContract:
                 out["extract"] = self.extract
         else:
             out.update(pattern=self.pattern)
+            if self.extract != "whole":
+                out["extract"] = self.extract
         out["max_chars"] = self.max_chars
         return out
 
@@ -428,6 +442,8 @@ class OutputContract:
             where = "first word" if self.rule == "first_word" else "the whole answer"
             return f"{where} is one of {'/'.join(self.words)} (case and surrounding punctuation ignored)"
         if self.kind == "regex":
+            if self.extract == "first":
+                return f"the first match of the pattern {self.pattern!r} in the answer"
             return f"the whole answer (surrounding whitespace ignored) matches the pattern {self.pattern!r}"
         required = self.schema.get("required")
         types = self.schema.get("type", "any")

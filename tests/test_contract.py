@@ -346,4 +346,33 @@ def test_extract_first_is_fast_on_deep_and_huge_answers_and_round_trips():
     with pytest.raises(ContractError, match="extract"):
         OutputContract("json", schema={}, extract="last")
     with pytest.raises(ContractError, match="takes no extract"):
-        OutputContract("regex", pattern="x", extract="first")
+        OutputContract("labels", labels=("a", "b"), words=("yes", "no"), extract="first")
+
+
+PHONE = OutputContract("regex", pattern=r"\+?\d(?:[ -]?\d){4,14}", extract="first")
+
+
+def test_regex_extract_first_reads_the_first_match_anywhere_in_the_answer():
+    assert PHONE.parse("The phone number in this message is 09061701461.").value == "09061701461"
+    assert PHONE.parse("Text 87121 or call 0800 169 6031").value == "87121"
+    assert PHONE.parse("Call 0800 169 6031 now").value == "0800 169 6031"
+    whole = OutputContract("regex", pattern=r"\+?\d(?:[ -]?\d){4,14}")
+    assert not whole.parse("The number is 87121.").ok and whole.parse(" 87121 ").ok
+    assert PHONE.parse("There is no number in this message.").reason.startswith("no match of the pattern")
+    assert not PHONE.parse("It is 1234, I think").ok  # four digits are not a number here
+
+
+def test_regex_extract_first_at_the_token_limit_is_cut_off_unless_the_match_ended_before_it():
+    assert PHONE.parse("The number is 0906170", truncated=True).reason == "cut off at the token limit"
+    assert PHONE.parse("The number is", truncated=True).reason == "cut off at the token limit"
+    assert PHONE.parse("The number is 09061701461. It costs", truncated=True).value == "09061701461"
+    assert not PHONE.complete("The number is 09061701461.")  # a regex answer runs to its end or its limit
+
+
+def test_regex_extract_first_round_trips_and_describes_itself_and_whole_records_are_unchanged():
+    assert OutputContract.from_dict(json.loads(json.dumps(PHONE.to_dict()))) == PHONE
+    assert "extract" not in OutputContract("regex", pattern="x").to_dict()  # earlier records keep their hashes
+    assert "first match" in PHONE.describe()
+    start = time.perf_counter()
+    assert PHONE.parse("12a " * 990 + "12345").value == "12345"  # found at the end of a long answer
+    assert time.perf_counter() - start < 0.5
