@@ -64,6 +64,9 @@ class DataConfig(_Strict):
     label_column: str = "label"
     reference_column: str = Field("reference", description="generation tasks: the column holding each example's "
                                   "reference answer (JSON text for a json contract, plain text for a regex one)")
+    reference_entity: Literal["url", "email", "phone", "amount", "date", "number"] | None = Field(
+        None, description="generation tasks: instead of a reference column, each example's reference is the first "
+        "entity of this type in its input (rewards.entities); rows without one are left out")
     drop_values: tuple[str, ...] = Field((), description="label-column values whose rows are dropped")
     dedupe: bool = True
     max_chars: int = Field(2000, gt=0, description="longer texts are cut to this many characters")
@@ -338,6 +341,9 @@ class TaskConfig(_Strict):
             raise ValueError("scoring: field_exact_match, token_f1 and contract_rate measure generated answers "
                              "against references; a task with labels uses balanced_accuracy, accuracy, macro_f1 or "
                              "roc_auc")
+        if self.output is None and self.data.reference_entity is not None:
+            raise ValueError("data.reference_entity gives a generation task its references; a task with labels "
+                             "reads data.label_column: remove data.reference_entity")
         if len(self.labels) == 2 and self.positive_label not in self.labels:
             raise ValueError(f"positive_label {excerpt(self.positive_label)} is not one of the labels "
                              f"{list(self.labels)}: with two labels, name the one the calibrated threshold decides")

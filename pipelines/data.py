@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.config import TaskConfig, check_file, excerpt, resolve_source
+from rewards.entities import find_entities
 from templates.template import TemplateError
 
 
@@ -133,7 +134,9 @@ def read_rows(task: TaskConfig) -> list[dict[str, str]]:
                             "(an unclosed quote?) or data.delimiter") from None
     if not rows:
         raise DataError(f"task {task.name!r}: data file {name} holds no rows; add examples or fix data.source")
-    for column in (*task.input_variables, cfg.reference_column if task.is_generation else cfg.label_column):
+    wanted = (cfg.reference_column if cfg.reference_entity is None else None) if task.is_generation \
+        else cfg.label_column
+    for column in (*task.input_variables, *([wanted] if wanted else [])):
         if not any(column in row for row in rows[:50]):
             columns = ", ".join(excerpt(c, 30) for c in list(rows[0])[:5])
             raise DataError(
@@ -210,7 +213,9 @@ def _input_reader(task: TaskConfig):
 
 def _generation_examples(task: TaskConfig) -> list[Example]:
     """A generation task's examples: input text and reference answer, which must keep the task's contract (a
-    reference the contract refuses could never be matched: the row is named, not skipped)."""
+    reference the contract refuses could never be matched: the row is named, not skipped). With
+    ``data.reference_entity`` the reference is the first entity of that type in the input, and rows without one
+    are left out."""
     cfg = task.data
     contract = task.output.output_contract()
     examples: list[Example] = []
@@ -218,9 +223,16 @@ def _generation_examples(task: TaskConfig) -> list[Example]:
     read = _input_reader(task)
     for i, row in enumerate(read_rows(task), 1):
         text, values = read(row, i)
-        reference = (row.get(cfg.reference_column) or "").strip()
         if not text:
             continue
+        if cfg.reference_entity is None:
+            reference = (row.get(cfg.reference_column) or "").strip()
+        else:
+            reference = next((e.value for e in find_entities(text[: cfg.max_chars])
+                              if e.type == cfg.reference_entity), None)
+            if reference is None:
+                continue
+            reference = json.dumps(reference) if contract.kind == "json" else reference
         parsed = contract.parse(reference)
         if not parsed.ok:
             raise DataError(f"task {task.name!r}: data row {i}: the reference answer breaks the output contract "
