@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from pipelines.cli import main
 from pipelines.config import ConfigError, load_task
@@ -57,6 +58,35 @@ def test_a_reference_that_breaks_the_contract_is_named_with_its_row(tmp_path):
     (tmp_path / "task.yaml").write_text(text)
     with pytest.raises(DataError, match=r"data row 7: the reference answer breaks the output contract \('\$\.channel"):
         load_splits(load_task(str(tmp_path / "task.yaml")))
+
+
+def test_the_callback_builtin_takes_each_messages_first_phone_number_as_its_reference():
+    from rewards.entities import find_entities
+
+    task = load_task("callback")
+    contract = task.output.output_contract()
+    assert contract.kind == "regex" and contract.extract == "first" and task.data.reference_entity == "phone"
+    splits = load_splits(task)
+    assert (len(splits.train), len(splits.dev), len(splits.test)) == (40, 64, 300)
+    for example in splits.train + splits.dev + splits.test:
+        first = next(e.value for e in find_entities(example.text) if e.type == "phone")
+        assert example.reference == first and contract.parse(f"It is {first}.").value == first
+    assert not {e.text for e in splits.test} & {e.text for e in splits.dev + splits.train}
+
+
+def test_references_from_entities_skip_rows_without_one_and_belong_to_generation_tasks(tmp_path):
+    rows = ["text"] + [f"Call 0800 {100 + i} 4000 today" if i % 2 else f"See you at {i}" for i in range(40)]
+    (tmp_path / "msgs.csv").write_text("\n".join(rows))
+    spec = yaml.safe_load((Path(__file__).parent.parent / "pipelines" / "tasks" / "callback.yaml").read_text())
+    spec["data"] = {"source": "msgs.csv", "reference_entity": "phone"}
+    spec["split"] = {"train": 4, "dev": 4, "test": 12}
+    text = yaml.safe_dump(spec)
+    (tmp_path / "task.yaml").write_text(text)
+    examples = load_splits(load_task(str(tmp_path / "task.yaml")))
+    assert sorted(e.reference for e in examples.test + examples.dev + examples.train) == sorted(
+        f"0800 {100 + i} 4000" for i in range(1, 40, 2))
+    with pytest.raises(ConfigError, match="remove data.reference_entity"):
+        load_task("risk").with_overrides(**{"data.reference_entity": "phone"})
 
 
 @pytest.mark.e2e

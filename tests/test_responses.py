@@ -218,6 +218,31 @@ def test_long_answers_decoded_with_a_cache_equal_model_generate_and_stop_when_th
             assert contract.parse(cut.text, truncated=cut.truncated) == contract.parse(full.text, truncated=full.truncated)
 
 
+@pytest.mark.e2e
+def test_the_callback_seed_gets_some_numbers_right_and_its_batched_answers_are_model_generate(lm):
+    """The built-in generation task leaves room both ways: the seed reads some numbers right and misses others.
+    34 answers run as a batch of 32 (finished answers leave it) and one of 2, after the prefix's single pass."""
+    import torch
+
+    from pipelines.data import load_splits
+    from pipelines.engine.target import LabelScorer, prompt_frame
+    from pipelines.scoring import output_contract, scorer_words
+
+    task = load_task("callback")
+    examples = load_splits(task).dev[:34]
+    template, limit = task.seed_template(), task.output.max_new_tokens
+    answers = LabelScorer(lm, scorer_words(task)).answer(template, [e.text for e in examples], limit)
+    before, after = prompt_frame(lm.tokenizer, template, True)
+    for example, answer in zip(examples, answers):
+        ids = lm.tokenizer(before + example.text + after, return_tensors="pt", add_special_tokens=False).input_ids
+        with torch.inference_mode():
+            out = lm.model.generate(ids, max_new_tokens=limit, do_sample=False)
+        assert answer.text == lm.tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+    contract = output_contract(task)
+    right = sum(contract.parse(a.text, truncated=a.truncated).value == e.reference for a, e in zip(answers, examples))
+    assert 10 <= right <= 32, right
+
+
 TUNED = ("The above task can be clarified further by providing more context. For example, it only challenges "
          "`True` statements and returns `False` otherwise.")
 
