@@ -19,9 +19,9 @@ FLOP/s measured on this machine in the same run.
 Then the greedy answers (what ``instruction_following`` and an answer decision read), in the same run:
   * generate: `model.generate` per pair, greedy, the whole prompt, as many new tokens as the scorer's answer
               to that pair took (so both do the same decoding work), one pair at a time;
-  * answers:  `LabelScorer.answer` with an empty cache: the first token from the packed scoring pass, each
-              further one from a packed pass over the suffix and the tokens so far, stopping at the contract's
-              first word (risk's `first_word` rule).
+  * answers:  `LabelScorer.answer` with an empty cache: the first token from the packed scoring pass, the rest
+              decoded with a key/value cache (the shared prefix run once, up to 32 answers per step), stopping
+              at the contract's first word (risk's `first_word` rule).
 Both must give the same text for every pair; the script checks it.
 
     .venv/bin/python scripts/bench_scoring.py [--examples 60] [--templates 6] [--threads 2] [--rounds 2]
