@@ -28,8 +28,9 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 KINDS = ("labels", "json", "regex")
 KIND_FIELDS = {"labels": ("labels", "words"), "json": ("schema", "extract"), "regex": ("pattern", "extract")}

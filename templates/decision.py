@@ -22,8 +22,9 @@ Pure: no model, no I/O. Log-probs or an answer in, a label (or a failed parse) o
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 from templates.contract import ContractError, OutputContract, Parsed
 

@@ -9,9 +9,10 @@ is used instead of ``value < bar`` so that NaN never slips through a comparison.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Mapping, Sequence
+from typing import Sequence
 
 
 @dataclass(frozen=True)

@@ -44,11 +44,12 @@ import re
 import sqlite3
 import threading
 import time
+from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator
 from urllib.parse import quote, urlsplit
 
 from templates.gate import Decision
