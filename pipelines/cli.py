@@ -475,7 +475,7 @@ def cmd_predict(args) -> int:
     task = load_task(args.task)
     store = args.store or default_store_url()
     target_source, _ = model_sources(args)
-    reader = TemplateReader(store)
+    reader = TemplateReader(store, watch=False)  # one call: no watcher thread
     try:
         template = reader.for_caller(task.name, args.key) if args.key else reader.get(task.name, args.label)
         if template.decision is None:

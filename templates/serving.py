@@ -10,17 +10,22 @@ change, so these never go stale, and a promotion or rollback to a version the re
 costs no recompiling. Which version each label (and the canary) points at is kept per task and
 label, and updated from the store's label history.
 
-Freshness: on access, at most once every ``refresh_s`` (monotonic clock), the reader asks for the
-label moves newer than the newest it has seen (``TemplateStore.label_moves``: one range query on
+Freshness: a watcher thread (the default) or, with ``watch=False``, each access at most once every
+``refresh_s`` (monotonic clock) asks for the label moves newer than the newest the reader has seen (``TemplateStore.label_moves``: one range query on
 the history's key, which finds no rows when nothing moved) and applies them in order. A cached
 label takes its new version id, and a version new to the reader is compiled from the template
 record that came with the move, so the first lookup after a move makes no further query; a moved
 canary is read again, with its share and ramp, when next asked for; labels the reader has not
 been asked for are left alone. Between checks a lookup is a clock read and two dict lookups.
-Checking on access rather than from a background thread needs no thread to start, stop or fork
-around, costs nothing for an idle reader, and a reader nobody asks has nobody to serve a stale
-template to. With the default 0.05 s a lookup made 0.05 s after a change sees it; a busy reader
-pays one (usually empty) query per 0.05 s for that.
+
+With the watcher, a request never pays for a move: the query and the compiling of a new version run on the
+watcher's thread, and the first lookup after a move is a cache hit like any other (``scripts/bench_store.py``
+measures both ways). A reader pays one (usually empty) query per ``refresh_s`` for it, busy or idle; with the
+default 0.05 s a change is served 0.05 s after its commit at the latest. The watcher is a daemon thread that
+ends with ``close()`` or when the reader is garbage; a lookup that finds it more than ``refresh_s`` (at least
+0.05 s) late checks by itself, so a reader whose watcher cannot run (a forked child, where threads do not
+follow) still sees every change. ``watch=False`` starts no thread: lookups check on access, and a reader
+nobody asks queries nothing.
 
 Applying moves rather than dropping the cache is exact: the history is append-only, a label's
 current version is its newest row, and writers commit their moves in seq order (each takes the
@@ -34,9 +39,11 @@ PostgreSQL shows each statement only committed rows).
 from __future__ import annotations
 
 import threading
+import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass
 from time import monotonic
-from typing import Any, Mapping
+from typing import Any
 
 from templates.routing import Canary, takes_canary
 from templates.store import StoreError, TemplateStore
@@ -63,11 +70,14 @@ class TemplateReader:
     Create it after forking worker processes: a database connection must not cross a fork.
     """
 
-    def __init__(self, store_url: str, refresh_s: float = 0.05, *, busy_timeout_s: float = 5.0) -> None:
+    def __init__(self, store_url: str, refresh_s: float = 0.05, *, watch: bool = True,
+                 busy_timeout_s: float = 5.0) -> None:
         if not refresh_s > 0:
             raise ValueError(f"refresh_s={refresh_s} must be > 0 seconds, e.g. 0.05")
         self._store = TemplateStore(store_url, busy_timeout_s=busy_timeout_s, create=False)
         self._refresh_s = refresh_s
+        # With a watcher, lookups check by themselves only once it is this late (a dead or starved watcher).
+        self._slack_s = max(refresh_s, 0.05) if watch else 0.0
         self._next_check_s = 0.0  # monotonic time of the next check for label moves
         self._seen_seq: int | None = None  # the newest label move applied to the caches
         self._compiled: dict[int, Template] = {}  # version id -> template; never stale
@@ -76,6 +86,13 @@ class TemplateReader:
         # Refreshes and loads take the lock so that a load begun before a move cannot put its
         # stale result into the cache after the refresh applied the move. Cached lookups do not take it.
         self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
+        if watch:
+            self._refresh()
+            self._watcher = threading.Thread(target=_watch, args=(weakref.ref(self), self._stop, refresh_s),
+                                             name="TemplateReader-watch", daemon=True)
+            self._watcher.start()
 
     def get(self, task: str, label: str = "production") -> Template:
         """The template ``label`` points at for ``task``."""
@@ -157,6 +174,9 @@ class TemplateReader:
         return self._compiled.get(version_id) or self._compile(version_id)
 
     def close(self) -> None:
+        self._stop.set()
+        if self._watcher is not None and self._watcher is not threading.current_thread():
+            self._watcher.join(timeout=self._store.busy_timeout_s + 1)
         self._store.close()
 
     def _refresh(self) -> None:
@@ -179,10 +199,24 @@ class TemplateReader:
                     if label == "canary":
                         self._canaries.pop(task, None)
                     self._seen_seq = seq
-            self._next_check_s = monotonic() + self._refresh_s
+            self._next_check_s = monotonic() + self._refresh_s + self._slack_s
 
     def _compile(self, version_id: int) -> Template:
         # No lock: two threads compiling the same immutable version store equal values.
         template = self._store.get_template(version_id)
         self._compiled[version_id] = template
         return template
+
+
+def _watch(ref: "weakref.ref[TemplateReader]", stop: threading.Event, refresh_s: float) -> None:
+    """The watcher thread: apply the store's label moves every ``refresh_s`` (at least 1 ms) until ``stop`` is
+    set or the reader is garbage. It holds the reader only while it checks, so an abandoned reader is freed."""
+    while not stop.wait(max(refresh_s, 0.001)):
+        reader = ref()
+        if reader is None:
+            return
+        try:
+            reader._refresh()
+        except Exception:  # noqa: BLE001 - a failed check leaves the reader late, so its lookups check by
+            pass  # themselves and raise the error (a locked or unreachable store, a damaged row) to the caller
+        del reader

@@ -168,7 +168,7 @@ def test_the_first_lookup_a_refresh_interval_after_a_promotion_elsewhere_serves_
 
 def test_a_cached_label_follows_its_moves_without_another_query(url, monkeypatch):
     """The moves query brings each move's version id and template record: no label or template query follows."""
-    reader = TemplateReader(url, refresh_s=1e-9)  # every lookup checks
+    reader = TemplateReader(url, refresh_s=1e-9, watch=False)  # every lookup checks
     with TemplateStore(url) as store:
         store.set_label("risk", "staging", 1)
         assert reader.get("risk").text == reader.get("risk", "staging").text == V1_TEXT
@@ -188,6 +188,50 @@ def test_a_cached_label_follows_its_moves_without_another_query(url, monkeypatch
         ]:
             move()
             assert (reader.get("risk").text, reader.get("risk", "staging").text) == (production, staging)
+
+
+def test_with_the_watcher_a_move_is_applied_off_the_request_path(url, monkeypatch):
+    """The default reader's watcher thread queries for moves and compiles new versions; lookups only read dicts."""
+    callers = []
+    moves = TemplateStore.label_moves
+
+    def counted(self, after_seq):
+        callers.append(threading.current_thread().name)
+        return moves(self, after_seq)
+
+    monkeypatch.setattr(TemplateStore, "label_moves", counted)
+    reader = TemplateReader(url, refresh_s=0.005)
+    assert reader.get("risk").text == V1_TEXT
+    with TemplateStore(url) as store:
+        v3 = store.add_version("risk", Template.from_text("v3: {text}"), decision=PASSED).id
+        store.promote("risk", v3)  # a version the reader has never seen
+    wait_for(reader, "v3: {text}", limit_s=1.0)
+    assert callers and set(callers) == {"TemplateReader-watch"}
+    reader.close()
+    assert not reader._watcher.is_alive()
+
+
+def test_a_reader_whose_watcher_cannot_run_checks_on_access(url):
+    """A forked child has no threads but its parent's: its lookups check by themselves once the watcher is late."""
+    reader = TemplateReader(url, refresh_s=0.01)
+    reader._stop.set()  # the watcher ends, as if the process had forked
+    reader._watcher.join(timeout=5)
+    assert reader.get("risk").text == V1_TEXT
+    with TemplateStore(url) as store:
+        store.promote("risk", 2)
+    assert wait_for(reader, V2_TEXT, limit_s=1.0) < 1.0
+
+
+def test_an_abandoned_reader_is_freed_and_its_watcher_ends(url):
+    import gc
+    import weakref
+
+    reader = TemplateReader(url, refresh_s=0.005)
+    ref, watcher = weakref.ref(reader), reader._watcher
+    del reader
+    gc.collect()
+    watcher.join(timeout=5)
+    assert ref() is None and not watcher.is_alive()
 
 
 def run_moves(store: TemplateStore, moves: str) -> None:
@@ -210,7 +254,7 @@ MOVES = {
 
 @pytest.mark.parametrize("moves", MOVES.values(), ids=MOVES)
 def test_moves_between_checks_leave_a_reader_where_a_new_one_starts(url, moves):
-    reader = TemplateReader(url, refresh_s=1e-9)
+    reader = TemplateReader(url, refresh_s=1e-9, watch=False)
     keys = [f"user-{i}" for i in range(200)]
     with TemplateStore(url) as store:
         store.set_label("risk", "staging", 1)
@@ -233,7 +277,7 @@ def test_moves_between_checks_leave_a_reader_where_a_new_one_starts(url, moves):
 
 
 def test_a_move_to_a_damaged_version_is_named_by_its_label_alone(url, backend):
-    reader = TemplateReader(url, refresh_s=1e-9)
+    reader = TemplateReader(url, refresh_s=1e-9, watch=False)
     with TemplateStore(url) as store:
         store.set_label("risk", "staging", 2)
     assert reader.get("risk", "staging").text == V2_TEXT
