@@ -1,8 +1,8 @@
 """Benchmark: scored (template, example) pairs per second, the naive way against the project's scorer.
 
-Both score the same candidate templates on the same dev examples of the `risk` task with the same bf16
-model, alternating template by template so that a change in machine load hits both, for --rounds rounds;
-each template's fastest time per method counts (the machine is shared; see main()):
+Both score the same candidate templates on the same dev examples of the `risk` task with the same model (bf16
+where the CPU has it, float32 otherwise), alternating template by template so that a change in machine load hits
+both, for --rounds rounds; each template's fastest time per method counts (the machine is shared; see main()):
   * naive:   one unbatched forward pass per pair over the whole prompt, logits at every position
              (`pipelines.engine.target.score_naive`);
   * scorer:  `pipelines.engine.target.LabelScorer` with an empty pair cache: the template's shared prompt prefix
@@ -13,8 +13,8 @@ each template's fastest time per method counts (the machine is shared; see main(
   * cached:  the same scorer asked again for the same pairs (a template seen again during tuning).
 Both use the same number of cores (--threads): the naive way through torch's intra-op threads, the scorer
 through its own threads of one intra-op thread each.
-It prints pairs/s and the ratios, and the model FLOP/s each achieves against the bf16 matrix-multiply
-FLOP/s measured on this machine in the same run.
+It prints pairs/s and the ratios, and the model FLOP/s each achieves against the matrix-multiply
+FLOP/s (same dtype) measured on this machine in the same run.
 
 Then the greedy answers (what ``instruction_following`` and an answer decision read), in the same run:
   * generate: `model.generate` per pair, greedy, the whole prompt, as many new tokens as the scorer's answer
@@ -24,7 +24,12 @@ Then the greedy answers (what ``instruction_following`` and an answer decision r
               at the contract's first word (risk's `first_word` rule).
 Both must give the same text for every pair; the script checks it.
 
+Every row gives pairs/s and prompt tokens/s (the tokens of the rendered prompts, chat template included,
+whatever a method actually runs). ``--input-chars 1000`` makes each input about 1,000 characters long
+(consecutive dev messages joined with a space, then cut), the long-input case of the cost model.
+
     .venv/bin/python scripts/bench_scoring.py [--examples 60] [--templates 6] [--threads 2] [--rounds 2]
+    .venv/bin/python scripts/bench_scoring.py --input-chars 1000 --examples 20 --templates 3
     .venv/bin/python scripts/bench_scoring.py --answers-only [--examples 60] [--templates 6]
 """
 
@@ -70,6 +75,19 @@ def matmul_flops(threads: int, dtype_name: str = "bfloat16", n: int = 2048, repe
     return 2 * n**3 * repeats / best
 
 
+def long_inputs(messages: list[str], n: int, chars: int) -> list[str]:
+    """``n`` inputs of ``chars`` characters: consecutive messages joined with a space, cut at ``chars``."""
+    out, i = [], 0
+    while len(out) < n:
+        parts, size = [], 0
+        while size < chars:
+            parts.append(messages[i % len(messages)])
+            size += len(parts[-1]) + 1
+            i += 1
+        out.append(" ".join(parts)[:chars])
+    return out
+
+
 def main() -> int:
     quiet_libraries()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -79,6 +97,8 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=64, help="examples per forward pass of the scorer")
     parser.add_argument("--rounds", type=int, default=2, help="timed rounds; each template's fastest counts")
     parser.add_argument("--answers-only", action="store_true", help="only the greedy answers against model.generate")
+    parser.add_argument("--input-chars", type=int, default=0,
+                        help="make each input this many characters long (dev messages joined); 0: the messages as they are")
     args = parser.parse_args()
 
     import numpy as np
@@ -92,6 +112,8 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     task = load_task("risk")
     texts = [e.text for e in load_splits(task).dev[: args.examples]]
+    if args.input_chars:
+        texts = long_inputs([e.text for e in load_splits(task).dev], args.examples, args.input_chars)
     templates = [task.seed_template() if i is None else task.make_template(task.compose(i))
                  for i in INSTRUCTIONS[: args.templates]]
     lm = load_causal_lm()
@@ -123,6 +145,7 @@ def main() -> int:
     fast_t = np.full((args.rounds, len(templates)), np.inf)
     cached_s = 0.0
     naive_flops = fast_flops = 0.0
+    prompt_tokens = 0
     max_diff = 0.0
     score_naive(lm, templates[0], texts[:2], verbalizers)  # warm-up
     for r in range(args.rounds):
@@ -140,6 +163,7 @@ def main() -> int:
                 before, after = prompt_frame(lm.tokenizer, template, True)
                 lengths = [len(lm.tokenizer(before + t + after, add_special_tokens=False).input_ids) for t in texts]
                 naive_flops += sum(flops(n, n / 2, vocab, n) for n in lengths)
+                prompt_tokens += sum(lengths)
                 tokens = scorer.stats.tokens_forward - tokens_before
                 fast_flops += flops(tokens, float(np.mean(lengths)) / 2, 12, len(texts), last_layer_tokens=len(texts))
                 started = time.perf_counter()
@@ -153,24 +177,30 @@ def main() -> int:
     round_ratios = naive_t.sum(1) / fast_t.sum(1)
 
     pairs = len(templates) * len(texts)
-    peak = matmul_flops(args.threads)
+    dtype = str(next(lm.model.parameters()).dtype).removeprefix("torch.")  # float32 where the CPU lacks bf16
+    peak = matmul_flops(args.threads, dtype)
     rows = [
         {"method": "naive (1 forward/pair)", "pairs": pairs, "seconds": naive_s, "pairs_per_s": pairs / naive_s,
-         "ratio": 1.0, "model_GFLOP_per_s": naive_flops / naive_s / 1e9, "of_matmul_peak": naive_flops / naive_s / peak},
+         "tokens_per_s": prompt_tokens / naive_s, "ratio": 1.0, "model_GFLOP_per_s": naive_flops / naive_s / 1e9,
+         "of_matmul_peak": naive_flops / naive_s / peak},
         {"method": "project scorer", "pairs": pairs, "seconds": fast_s, "pairs_per_s": pairs / fast_s,
-         "ratio": naive_s / fast_s, "model_GFLOP_per_s": fast_flops / fast_s / 1e9, "of_matmul_peak": fast_flops / fast_s / peak},
+         "tokens_per_s": prompt_tokens / fast_s, "ratio": naive_s / fast_s,
+         "model_GFLOP_per_s": fast_flops / fast_s / 1e9, "of_matmul_peak": fast_flops / fast_s / peak},
         {"method": "project scorer, cached", "pairs": pairs, "seconds": cached_s, "pairs_per_s": pairs / cached_s,
-         "ratio": naive_s / cached_s, "model_GFLOP_per_s": "", "of_matmul_peak": ""},
+         "tokens_per_s": prompt_tokens / cached_s, "ratio": naive_s / cached_s, "model_GFLOP_per_s": "",
+         "of_matmul_peak": ""},
     ]
-    print(f"risk dev split: {len(templates)} templates x {len(texts)} examples, bf16, {args.threads} threads, "
-          f"batch {args.batch_size}; seconds: each template's fastest of {args.rounds} rounds")
+    shape = f"inputs of {args.input_chars} characters" if args.input_chars else "the messages as they are"
+    print(f"risk dev split: {len(templates)} templates x {len(texts)} examples ({shape}; "
+          f"{prompt_tokens / pairs:.0f} prompt tokens a pair), {dtype}, "
+          f"{args.threads} threads, batch {args.batch_size}; seconds: each template's fastest of {args.rounds} rounds")
     print(table(rows))
     print(f"\nwork per pair: naive {naive_flops / pairs / 1e9:.1f} GFLOP, scorer {fast_flops / pairs / 1e9:.1f} GFLOP "
           f"(ratio {naive_flops / fast_flops:.2f})")
-    print(f"bf16 matmul 2048x2048 on this machine: {peak / 1e9:.0f} GFLOP/s (the hardware figure to compare with)")
+    print(f"{dtype} matmul 2048x2048 on this machine: {peak / 1e9:.0f} GFLOP/s (the hardware figure to compare with)")
     print(f"tokens run by the scorer in a round: {tokens_run} ({prefix_reused} prefix tokens taken from earlier "
           f"templates' rows instead)")
-    print(f"largest |log-odds difference| scorer vs naive: {max_diff:.3f} (bf16; see tests/test_scoring.py)")
+    print(f"largest |log-odds difference| scorer vs naive: {max_diff:.3f} ({dtype}; see tests/test_scoring.py)")
     print(f"ratio of each round on its own: {', '.join(f'{x:.2f}' for x in round_ratios)}")
     print(f"target: scorer/naive >= 5 (aim 10); measured {naive_s / fast_s:.2f}")
     bench_answers(lm, task, templates, texts, args)
@@ -188,7 +218,7 @@ def bench_answers(lm, task, templates, texts, args) -> None:
     scorer = LabelScorer(lm, task.verbalizers, batch_size=args.batch_size)
     max_new = task.scoring.answer.max_new_tokens
     answers_s = generate_s = 0.0
-    mismatches = tokens = 0
+    mismatches = tokens = prompt_tokens = 0
     for template in templates:
         scorer.clear_cache()
         started = time.perf_counter()
@@ -197,6 +227,7 @@ def bench_answers(lm, task, templates, texts, args) -> None:
         before, after = prompt_frame(lm.tokenizer, template, True)
         for text, answer in zip(texts, answers):
             ids = lm.tokenizer(before + text + after, return_tensors="pt", add_special_tokens=False).input_ids
+            prompt_tokens += ids.shape[1]
             started = time.perf_counter()
             with torch.inference_mode():
                 out = lm.model.generate(ids, max_new_tokens=max(1, answer.tokens), do_sample=False)
@@ -207,12 +238,12 @@ def bench_answers(lm, task, templates, texts, args) -> None:
     pairs = len(templates) * len(texts)
     rows = [
         {"method": "model.generate per pair", "pairs": pairs, "seconds": generate_s, "pairs_per_s": pairs / generate_s,
-         "ratio": 1.0},
+         "tokens_per_s": (prompt_tokens + tokens) / generate_s, "ratio": 1.0},
         {"method": "LabelScorer.answer", "pairs": pairs, "seconds": answers_s, "pairs_per_s": pairs / answers_s,
-         "ratio": generate_s / answers_s},
+         "tokens_per_s": (prompt_tokens + tokens) / answers_s, "ratio": generate_s / answers_s},
     ]
     print(f"\ngreedy answers (contract: {contract.describe()}; at most {max_new} new tokens, {tokens / pairs:.2f} "
-          f"on average; one round)")
+          f"on average; one round; tokens_per_s counts prompt and answer tokens)")
     print(table(rows))
     print(f"answers that differ from model.generate's: {mismatches} of {pairs}")
 
