@@ -24,9 +24,9 @@ every position over the whole vocabulary. ``LabelScorer.score`` computes the sam
   operation (norms, attention per bucket) across cores;
 * results are cached by (template, example), so a template seen again costs nothing.
 
-``LabelScorer.answer`` generates the greedy answers an application would read, a few tokens each, on the same
-path: the prompt's first pass is the scoring pass (its label log-probs are cached on the way), and each further
-token re-runs the example's suffix plus the tokens so far, packed, after the shared prefix. An answer stops at the
+``LabelScorer.answer`` generates the greedy answers an application would read with a key/value cache: the shared
+prefix once per template, the example suffixes in padded batches (in float32 their pass's label log-probs are
+cached for ``score`` on the way), then one token's pass per new token (``_greedy``). An answer stops at the
 model's end of sequence, as soon as the caller's ``complete`` says its parse cannot change (the first word of a
 label answer), or at the token limit (``truncated``). ``scripts/bench_scoring.py`` compares it with
 ``model.generate`` per pair.
@@ -185,7 +185,10 @@ class LabelScorer:
         # not rounded to bfloat16's steps (0.125 at typical logit sizes), which would tie many examples.
         flat = [t for ids in self.label_ids for t in ids]
         self._label_head = model.get_output_embeddings().weight[flat].detach().float()
-        self._vocab_head = model.get_output_embeddings().weight.detach()  # greedy answers: the whole vocabulary
+        self._label_flat = flat
+        # Greedy answers run transformers' own forward pass; in float32 its label log-probs equal the packed
+        # pass's to about 1e-5 and are cached for ``score``, in bfloat16 they would not be the same numbers.
+        self._rows_from_answers = next(model.parameters()).dtype == torch.float32
         eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         eos = [eos] if isinstance(eos, int) else list(eos or [])
         self._eos = set(eos) | ({lm.tokenizer.eos_token_id} if lm.tokenizer.eos_token_id is not None else set())
@@ -300,60 +303,38 @@ class LabelScorer:
         for suffixes, prefix_ids_ in ((shared, prefix_ids), (fallback, [])):
             if suffixes:
                 answers.update(self._greedy(template, texts, suffixes, prefix_ids_, max_new_tokens, complete))
-        self.stats.pairs_scored += len(texts)  # the first step scored the labels too
+        if self._rows_from_answers:
+            self.stats.pairs_scored += len(texts)  # the prompt's pass scored the labels too
         self.stats.answers_generated += len(texts)
         self.stats.answer_tokens += sum(a.tokens for a in answers.values())
         self.usage.add(len(texts), _prompt_tokens(prefix_ids, shared, fallback), sum(a.tokens for a in answers.values()))
         return [answers[i] for i in range(len(texts))]
 
     def _greedy(self, template, texts, suffixes: dict[int, list[int]], prefix_ids: list[int], max_new_tokens: int,
-                complete) -> dict[int, Answer]:
-        """Greedy decoding of the sequences ``suffixes`` after ``prefix_ids``: the first token in a packed pass (which
-        also reads the label log-probs, cached for ``score``), the rest with a key/value cache (``_decode_cached``)."""
-        tok = self.lm.tokenizer
-        new: dict[int, list[int]] = {i: [] for i in suffixes}
-        done: dict[int, Answer] = {}
-        active: dict[int, list[int]] = {}
-        prefix = self._prefix_state(prefix_ids) if prefix_ids else None
-        for i, (row, token) in self._run_batches(suffixes, prefix, len(prefix_ids), self._first_token_readout).items():
-            self._cache.put(template.text, texts[i], row)  # what ``score`` would have computed
-            if token in self._eos:
-                done[i] = Answer("", False, 0)
-                continue
-            new[i].append(token)
-            text = tok.decode(new[i], skip_special_tokens=True)
-            if complete is not None and complete(text):
-                done[i] = Answer(text, False, 1)
-            elif max_new_tokens == 1:
-                done[i] = Answer(text, True, 1)
-            else:
-                active[i] = suffixes[i] + new[i]
-        if active:
-            done.update(self._decode_cached(prefix_ids, active, new, max_new_tokens - 1, complete))
-        return done
+                complete, batch_size: int = 32) -> dict[int, Answer]:
+        """Greedy decoding of the sequences ``suffixes`` after ``prefix_ids`` with a key/value cache: the prompt
+        once, then one token's pass per new token.
 
-    def _decode_cached(self, prefix_ids: list[int], active: dict[int, list[int]], new: dict[int, list[int]],
-                       remaining: int, complete, batch_size: int = 32) -> dict[int, Answer]:
-        """Greedy decoding of up to ``remaining`` more tokens per sequence (``prefix_ids + active[i]``) with a
-        key/value cache: a new token costs one token's pass, not the whole prompt's again.
-
-        The shared prefix runs once and its cache is repeated for each batch; the sequences, sorted by length, are
-        padded between the prefix and their own tokens (masked out, positions counted from the prefix's end).
-        A finished sequence leaves its batch, so each step runs only the answers still being written. Batches of
-        32: on a CPU a decoding step reads every weight once, whatever the batch, so more rows per step cost
-        little more than one. ``new[i]`` holds the tokens so far and grows in place."""
+        The shared prefix runs once and its cache is repeated for each batch; the suffixes, sorted by length, are
+        padded between the prefix and their own tokens (masked out, positions counted from the prefix's end). The
+        suffixes' pass gives the first token, and in float32 also the label log-probs, cached for ``score`` (they
+        agree with the packed pass to about 1e-5; in bfloat16 the two paths round differently, so ``score`` runs
+        its own pass). A finished sequence leaves its batch, so each step runs only the answers still being
+        written. Batches of 32: on a CPU a decoding step reads every weight once, whatever the batch, so more rows
+        per step cost little more than one."""
         tok, model = self.lm.tokenizer, self.lm.model
         pad = tok.pad_token_id if tok.pad_token_id is not None else next(iter(self._eos))
+        new: dict[int, list[int]] = {i: [] for i in suffixes}
         done: dict[int, Answer] = {}
         n_prefix = len(prefix_ids)
         prefix_cache = None
         if prefix_ids:
             prefix_cache = model(input_ids=torch.tensor([prefix_ids]), use_cache=True, logits_to_keep=1).past_key_values
             self.stats.tokens_forward += n_prefix
-        order = sorted(active, key=lambda i: len(active[i]))
+        order = sorted(suffixes, key=lambda i: len(suffixes[i]))
         for start in range(0, len(order), batch_size):
             chunk = order[start : start + batch_size]
-            seqs = [active[i] for i in chunk]
+            seqs = [suffixes[i] for i in chunk]
             width = max(map(len, seqs))
             ids = torch.tensor([[pad] * (width - len(seq)) + seq for seq in seqs])
             own = torch.tensor([[0] * (width - len(seq)) + [1] * len(seq) for seq in seqs])
@@ -366,8 +347,12 @@ class LabelScorer:
             out = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
                         use_cache=True, logits_to_keep=1)
             self.stats.tokens_forward += int(own.sum())
+            if self._rows_from_answers:
+                rows = label_logprobs(out.logits[:, -1, self._label_flat], self._head_index)
+                for i, row in zip(chunk, rows):
+                    self._cache.put(template.text, texts[i], row)  # what ``score`` would have computed
             cache, running = out.past_key_values, list(chunk)
-            for step in range(remaining):
+            for step in range(max_new_tokens):
                 tokens = out.logits[:, -1].argmax(-1).tolist()
                 keep, next_tokens = [], []
                 for r, (i, token) in enumerate(zip(running, tokens)):
@@ -378,7 +363,7 @@ class LabelScorer:
                     text = tok.decode(new[i], skip_special_tokens=True)
                     if complete is not None and complete(text):
                         done[i] = Answer(text, False, len(new[i]))
-                    elif step == remaining - 1:
+                    elif step == max_new_tokens - 1:
                         done[i] = Answer(text, True, len(new[i]))
                     else:
                         keep.append(r)
@@ -399,12 +384,6 @@ class LabelScorer:
 
     def _label_readout(self, picked: torch.Tensor) -> np.ndarray:
         return label_logprobs(picked.float() @ self._label_head.T, self._head_index)
-
-    def _next_token_readout(self, picked: torch.Tensor) -> list[int]:
-        return (picked.to(self._vocab_head.dtype) @ self._vocab_head.T).argmax(-1).tolist()
-
-    def _first_token_readout(self, picked: torch.Tensor) -> list[tuple[np.ndarray, int]]:
-        return list(zip(self._label_readout(picked), self._next_token_readout(picked)))
 
     def _prefix_state(self, prefix_ids: list[int]):
         """The shared prefix in the form the forward path reads: for the packed Llama path a ``_PackedPrefix``
