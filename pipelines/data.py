@@ -134,9 +134,11 @@ def read_rows(task: TaskConfig) -> list[dict[str, str]]:
                             "(an unclosed quote?) or data.delimiter") from None
     if not rows:
         raise DataError(f"task {task.name!r}: data file {name} holds no rows; add examples or fix data.source")
-    wanted = (cfg.reference_column if cfg.reference_entity is None else None) if task.is_generation \
-        else cfg.label_column
-    for column in (*task.input_variables, *([wanted] if wanted else [])):
+    if not task.is_generation:
+        wanted = [cfg.label_column]
+    else:  # references read from a column, or found in the input (data.reference_entity)
+        wanted = [cfg.reference_column] if cfg.reference_entity is None else []
+    for column in (*task.input_variables, *wanted):
         if not any(column in row for row in rows[:50]):
             columns = ", ".join(excerpt(c, 30) for c in list(rows[0])[:5])
             raise DataError(

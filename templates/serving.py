@@ -11,8 +11,9 @@ costs no recompiling. Which version each label (and the canary) points at is kep
 label, and updated from the store's label history.
 
 Freshness: a watcher thread (the default) or, with ``watch=False``, each access at most once every
-``refresh_s`` (monotonic clock) asks for the label moves newer than the newest the reader has seen (``TemplateStore.label_moves``: one range query on
-the history's key, which finds no rows when nothing moved) and applies them in order. A cached
+``refresh_s`` (monotonic clock) asks for the label moves newer than the newest the reader has seen
+(``TemplateStore.label_moves``: one range query on the history's key, which finds no rows when nothing
+moved) and applies them in order. A cached
 label takes its new version id, and a version new to the reader is compiled from the template
 record that came with the move, so the first lookup after a move makes no further query; a moved
 canary is read again, with its share and ramp, when next asked for; labels the reader has not

@@ -49,7 +49,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 import torch
@@ -415,15 +415,13 @@ class LabelScorer:
         while len(self._prefixes) > self._keep_prefixes:
             self._prefixes.pop(next(iter(self._prefixes)))
 
-    def _run_batches(self, suffixes: dict[int, list[int]], prefix, n_prefix: int, readout=None) -> dict[int, Any]:
+    def _run_batches(self, suffixes: dict[int, list[int]], prefix, n_prefix: int) -> dict[int, np.ndarray]:
         """Run token sequences that follow a shared prefix (``prefix`` from ``_prefix_state``; None: no prefix),
-        packed; ``readout`` turns the last positions' hidden states into one result per sequence (by default
-        the label log-probs)."""
-        readout = readout or self._label_readout
+        packed; the label log-probs at each sequence's last position, by index."""
         order = sorted(suffixes, key=lambda i: len(suffixes[i]))  # similar lengths together: tight attention buckets
         shards = self._shard_count(len(order))
         if shards == 1:
-            done = [self._run_shard(order, suffixes, prefix, n_prefix, readout)]
+            done = [self._run_shard(order, suffixes, prefix, n_prefix)]
         else:
             # Longest first, each to the part with the fewest tokens so far: the slowest thread sets the wall
             # time, and dealing a length-sorted list in turn would hand the same part the longest sequence of
@@ -434,7 +432,7 @@ class LabelScorer:
                 parts[k].insert(0, i)
                 loads[k] += len(suffixes[i])
             with _intra_op_threads(1), ThreadPoolExecutor(shards, thread_name_prefix="label-scorer") as pool:
-                done = list(pool.map(lambda part: self._run_shard(part, suffixes, prefix, n_prefix, readout), parts))
+                done = list(pool.map(lambda part: self._run_shard(part, suffixes, prefix, n_prefix), parts))
         if isinstance(prefix, _PackedPrefix) and prefix.head:
             self._remember_prefix(prefix.key, done[0][2])  # every thread ran the head; the first one's rows are kept
         self.stats.tokens_forward += sum(tokens for _, tokens, _ in done)
@@ -448,10 +446,10 @@ class LabelScorer:
         return max(1, min(torch.get_num_threads(), sequences // per_shard))
 
     @torch.inference_mode()  # thread-local: entered in each scoring thread
-    def _run_shard(self, order: list[int], suffixes: dict[int, list[int]], prefix, n_prefix: int, readout):
-        """Run the sequences ``order`` (sorted by length) in packed batches; (``readout`` results by index,
-        tokens run, the prefix's rows if this call ran its head)."""
-        results: dict[int, Any] = {}
+    def _run_shard(self, order: list[int], suffixes: dict[int, list[int]], prefix, n_prefix: int):
+        """Run the sequences ``order`` (sorted by length) in packed batches; (label log-probs by index, tokens
+        run, the prefix's rows if this call ran its head)."""
+        results: dict[int, np.ndarray] = {}
         start = tokens = 0
         head, rows_known = [], prefix
         if isinstance(prefix, _PackedPrefix):
@@ -473,7 +471,7 @@ class LabelScorer:
                     tokens, head = tokens + len(head), []
             else:
                 picked = self._hf_last_hidden(packing, prefix)
-            scores = readout(picked)
+            scores = self._label_readout(picked)
             for r, i in enumerate(rows):
                 results[i] = scores[r]
             tokens += total
