@@ -11,8 +11,9 @@ a change to what scoring asks is priced without touching this file. What it cann
 * how long the answers are. Completion tokens are priced at the task's limit (``answer.max_new_tokens``);
   real answers stop earlier, so token figures are an upper bound.
 
-Local models and servers differ in one place: a local answer reads the label log-probs in the same pass
-(one call), a server returns either an answer or log-probs (two calls); ``CountingModel(served=...)`` follows.
+Local models and servers differ in one place: a local float32 answer reads the label log-probs in the same pass
+(one call); a server returns either an answer or log-probs, and a local bfloat16 model scores the labels in a pass
+of its own (``LabelScorer._greedy``): two calls. ``CountingModel(served=..., labels_with_answers=...)`` follows.
 
 ``Budget`` caps the target's calls and the target's and the judge's tokens (what servers bill). Before each
 step the loop asks ``Plan.affords``: the calls spent so far, plus one more step, plus the selection and the
@@ -118,13 +119,16 @@ class Plan:
 class CountingModel:
     """A stand-in for a label scorer that answers at once and counts what the real model would be asked,
     with the real scorers' caches: (template, input) for log-probs, (template, input, limit) for answers.
-    ``served``: a server (an answer and the log-probs are two calls) or a local model (one pass, one call)."""
+    ``served``: a server or a local model; ``labels_with_answers``: an answer's pass also gives the label
+    log-probs (a local float32 model; default: when not served)."""
 
-    def __init__(self, verbalizers: Sequence[str], tokenizer, *, chat_template: bool, served: bool):
+    def __init__(self, verbalizers: Sequence[str], tokenizer, *, chat_template: bool, served: bool,
+                 labels_with_answers: bool | None = None):
         self.verbalizers = list(verbalizers)
         self.tokenizer = tokenizer
         self.chat_template = chat_template
         self.served = served
+        self.labels_with_answers = not served if labels_with_answers is None else labels_with_answers
         self.usage = Usage()
         self._scored: set[tuple[str, str]] = set()
         self._answered: set[tuple] = set()
@@ -159,7 +163,7 @@ class CountingModel:
             if (*key, text) not in self._answered:
                 self._answered.add((*key, text))
                 self.usage.add(1, self._prompt_tokens(template, text), max_new_tokens)
-                if not self.served:  # the local answer's first pass reads the labels too
+                if self.labels_with_answers:  # the answer's first pass read the labels too
                     self._scored.add((template.text, text))
         # an answer of its own per template: the judge grades (input, answer) pairs, and a repeated pair is free
         word = f"{self.verbalizers[0]} {hashlib.sha256(template.text.encode()).hexdigest()[:8]}"
@@ -201,8 +205,11 @@ def counting_models(task: TaskConfig, tokenizer, target: ModelSource, judge: Mod
     from pipelines.scoring import scorer_words
     from rewards.judge import JUDGE_VERBALIZERS
 
+    from pipelines.engine.models import default_dtype
+
     served = isinstance(target, Endpoint)
-    target_model = CountingModel(scorer_words(task), tokenizer, chat_template=task.template.chat_template, served=served)
+    target_model = CountingModel(scorer_words(task), tokenizer, chat_template=task.template.chat_template, served=served,
+                                 labels_with_answers=not served and default_dtype() == "float32")
     judge_served = isinstance(judge, Endpoint) if judge is not None else served
     judge_tokenizer = tokenizer if judge is None or judge == target else scoring_tokenizer(judge)
     judge_model = CountingModel(list(JUDGE_VERBALIZERS), judge_tokenizer, chat_template=True, served=judge_served)
@@ -211,6 +218,7 @@ def counting_models(task: TaskConfig, tokenizer, target: ModelSource, judge: Mod
 
 def estimate(task: TaskConfig, options: RunOptions, splits: Splits, tokenizer) -> Plan:
     """The calls and tokens ``tune(task, options)`` will ask of its models, phase by phase (see the module doc)."""
+    from pipelines.racing import race_candidates
     from pipelines.scoring import CandidateScorer
 
     target, judge = counting_models(task, tokenizer, options.target, options.judge)
@@ -225,21 +233,24 @@ def estimate(task: TaskConfig, options: RunOptions, splits: Splits, tokenizer) -
 
     seed = task.seed_template().text
     plan.phases["seed"] = priced(lambda: scorer.measure([seed]))
-    step = priced(lambda: scorer.measure([task.compose(t) for t in synthetic_instructions(task, tokenizer, k)]))
+    step = priced(lambda: race_candidates(task, scorer, [task.compose(t) for t in synthetic_instructions(task, tokenizer, k)]))
     step["policy"] = Usage(k, k * _longest_meta_prompt(task, tokenizer), k * task.template.max_instruction_tokens)
     plan.phases["steps"] = step
-    # the shortlist: the best max(4, 2 x finalists) candidates of the run, measured again on the whole dev split
-    shortlist_size = min(max(4, 2 * options.finalists), options.steps * k)
+    # the shortlist: the best max(2, 2 x finalists) candidates of the run (each finished its race), measured
+    # again on the whole dev split
+    shortlist_size = min(max(2, 2 * options.finalists), options.steps * k)
     shortlist = [task.compose(t) for t in synthetic_instructions(task, tokenizer, shortlist_size, offset=k)]
     scorer.measure(shortlist)  # what the steps already paid for
     plan.phases["select"] = priced(lambda: scorer.measure(shortlist, whole_dev=True))
     finalists = shortlist[: min(options.finalists, shortlist_size)]
 
-    def test():
-        for text in [seed] + finalists:
-            scorer.evaluate(text, "test", latency=True)
-
-    plan.phases["test"] = priced(test)
+    # the test, priced on a fresh scorer: the pool tests templates side by side, so one may run on a worker whose
+    # cache has never seen it (ScoringPool._assign) and pay again for its robustness sample; an upper bound
+    tester = CandidateScorer(task, splits, *counting_models(task, tokenizer, options.target, options.judge), tokenizer,
+                             reward_examples=options.dev_examples)
+    for text in [seed] + finalists:
+        tester.evaluate(text, "test", latency=True)
+    plan.phases["test"] = tester.spent()
     return plan
 
 

@@ -604,7 +604,7 @@ def build_parser() -> argparse.ArgumentParser:
     tuning.add_argument("--dev-examples", type=int, default=100, help="dev examples per candidate reward (default 100; 0: all)")
     tuning.add_argument("--finalists", type=int, default=1,
                         help="candidates evaluated on the test split: the best by reward on the whole dev split, "
-                             "among the max(4, 2 x finalists) best by step reward (default 1)")
+                             "among the max(2, 2 x finalists) best by step reward (default 1)")
     tuning.add_argument("--run-dir", help="run folder for checkpoints, report and W&B files (default runs/<task>-<time>)")
     tuning.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
     tuning.add_argument("--seed", type=int, help="the run's seed: sampling and PPO minibatch order (default: the "

@@ -109,6 +109,16 @@ class AnswerConfig(_Strict):
     max_new_tokens: int = Field(4, ge=1, le=512, description="greedy answers stop here (cut off = a contract failure)")
 
 
+class RacingConfig(_Strict):
+    """Racing a step's candidates (``pipelines/racing.py``): all on a first slice of the dev sample, the best on
+    the rest."""
+
+    first_examples: int = Field(20, ge=0, description="dev examples every candidate of a step is measured on first "
+                                "(the first of its sample); 0: no racing, every candidate on the whole sample")
+    keep: int = Field(2, ge=1, description="candidates of a step measured on the rest of the sample (the best by "
+                      "reward on the slice); only they can enter the leaderboard")
+
+
 class ScoringConfig(_Strict):
     decision: Literal["calibrated", "answer", "argmax", "threshold"] = Field(
         "calibrated",
@@ -137,6 +147,7 @@ class ScoringConfig(_Strict):
     calibration_examples: int = Field(120, ge=2, description="train examples used to fit the calibrated decision")
     robustness_attacks: tuple[Literal["checklist", "stresstest"], ...] = ("checklist", "stresstest")
     robustness_examples: int = Field(20, ge=2, description="dev examples scored per perturbed template")
+    racing: RacingConfig = RacingConfig()
 
     @model_validator(mode="before")
     @classmethod

@@ -27,6 +27,7 @@ from pipelines.data import load_splits
 from pipelines.engine.endpoints import EndpointError
 from pipelines.engine.usage import ROLES, Usage, sum_usage
 from pipelines.generation import candidate_text, instruction_of, meta_prompt
+from pipelines.racing import race_candidates
 from rewards.components import RATES
 
 
@@ -224,17 +225,18 @@ def train_step(task: TaskConfig, pool, learner, tokenizer, state: LoopState, ste
                       gen.temperature, gen.top_p, seed=task.ppo.seed * 100_003 + step)
     texts = [candidate_text(task, reply) for reply in batch.texts]
     timing["timing/generate_s"] = time.perf_counter() - t
-    # 2. score and 3. weight, on Ray: validity, target metric, robustness, judge, length -> one reward each
+    # 2. score and 3. weight, on Ray: validity, target metric, robustness, judge, length -> one reward each,
+    # raced: all on a slice of the dev sample, the best on the rest (pipelines/racing.py)
     t = time.perf_counter()
-    scored = pool.measure(texts)
+    scored, finished = race_candidates(task, pool, texts)
     timing["timing/score_s"] = time.perf_counter() - t
     # 4. update the policy with OpenRLHF's PPO losses and advantage estimator
     t = time.perf_counter()
     train = learner.step(batch.with_rewards([s.reward.total for s in scored]))
     timing["timing/update_s"] = time.perf_counter() - t
-    # 5. keep the best candidates seen so far
-    rows = [_row(task, step + 1, s) for s in scored]
-    state.leaderboard = _update_leaderboard(state.leaderboard, rows)
+    # 5. keep the best candidates seen so far (of those that finished the race)
+    rows = [{**_row(task, step + 1, s), "finished_race": done} for s, done in zip(scored, finished)]
+    state.leaderboard = _update_leaderboard(state.leaderboard, [row for row in rows if row["finished_race"]])
     state.step = step + 1
     usage = sum_usage({"policy": batch.usage()}, *(s.usage for s in scored))
     state.charge("steps", usage)
@@ -282,11 +284,11 @@ def _start_or_resume(run_dir: Path, resume: bool, log) -> tuple[LoopState, Path 
 
 
 def select_finalists(task: TaskConfig, pool, ranked: list[str], n: int) -> tuple[list[str], list[dict], dict]:
-    """The ``n`` candidates that go on to the test split, chosen on dev only: the best ``max(4, 2 n)`` by step
+    """The ``n`` candidates that go on to the test split, chosen on dev only: the best ``max(2, 2 n)`` by step
     reward (a dev sample, noisy when many candidates compete) are measured again on the whole dev split and
     ranked by that reward. Returns the finalists, the shortlist's rows (whole-dev reward), best first, and
     what measuring them cost (role -> usage)."""
-    shortlist = ranked[: max(4, 2 * n)]
+    shortlist = ranked[: max(2, 2 * n)]
     if not shortlist:
         return [], [], {}
     scored = pool.measure(shortlist, whole_dev=True)

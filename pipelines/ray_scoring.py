@@ -57,8 +57,8 @@ class ScoringWorker:
         torch.set_num_threads(threads)
         self.scorer = build_scorer(task, splits, target, judge, reward_examples=reward_examples)
 
-    def measure(self, texts: list[str], whole_dev: bool):
-        return self.scorer.measure(texts, whole_dev=whole_dev)
+    def measure(self, texts: list[str], whole_dev: bool, examples: int | None = None):
+        return self.scorer.measure(texts, whole_dev=whole_dev, examples=examples)
 
     def evaluate(self, texts: list[str], split: str):
         return [self.scorer.evaluate(text, split, latency=False) for text in texts]
@@ -95,6 +95,7 @@ class ScoringPool:
         self._worker_args = dict(task=task, splits=splits, target=target, judge=judge, threads=self.cpus,
                                  reward_examples=reward_examples)
         self.workers = [self._start() for _ in range(num_workers)]
+        self.sample_size = min(reward_examples or len(splits.dev), len(splits.dev))  # dev examples in a reward
         self.max_retries = max_retries
         self.replaced = 0  # workers replaced after dying
         self._home: dict[str, int] = {}  # template text -> the worker whose pair cache holds its scores
@@ -106,17 +107,18 @@ class ScoringPool:
         """Block until every worker has loaded its models (so step timings exclude start-up)."""
         self._run({i: lambda worker: worker.ready.remote() for i in range(len(self.workers))})
 
-    def measure(self, texts: Sequence[str], whole_dev: bool = False) -> list:
-        """``Scored`` candidates, measured across the workers, in the order given."""
+    def measure(self, texts: Sequence[str], whole_dev: bool = False, examples: int | None = None) -> list:
+        """``Scored`` candidates, measured across the workers, in the order given (on the first ``examples`` of
+        the dev sample when given)."""
         chunks = self._assign(texts)
-        results = self._run({w: lambda worker, part=[texts[j] for j in chunk]: worker.measure.remote(part, whole_dev)
+        results = self._run({w: lambda worker, part=[texts[j] for j in chunk]: worker.measure.remote(part, whole_dev, examples)
                              for w, chunk in chunks.items()})
         return self._gather(len(texts), chunks, results)
 
     def evaluate(self, texts: Sequence[str], split: str, latency: bool = True) -> list:
         """``Evaluation``s across the workers; then, with ``latency``, each valid template is timed on its own
         (one worker at a time, so the other workers' compute does not inflate the figure)."""
-        chunks = self._assign(texts)
+        chunks = self._assign(texts, balance=True)
         results = self._run({w: lambda worker, part=[texts[j] for j in chunk]: worker.evaluate.remote(part, split)
                              for w, chunk in chunks.items()})
         evaluations = self._gather(len(texts), chunks, results)
@@ -128,14 +130,18 @@ class ScoringPool:
                     ev.usage = {role: ev.usage.get(role, Usage()) + usage for role, usage in probes.items()}
         return evaluations
 
-    def _assign(self, texts: Sequence[str]) -> dict[int, list[int]]:
+    def _assign(self, texts: Sequence[str], balance: bool = False) -> dict[int, list[int]]:
         """Indices of ``texts`` per worker (workers with nothing to do left out): a template goes back to the
-        worker that scored it before (its cache answers the pairs already scored), a new one to the worker
-        with the least work."""
+        worker that scored it before (its cache answers the pairs already scored), a new one to the worker with
+        the least work. With ``balance`` (the test split, which no cache holds) a template goes back only while
+        that worker has less than its equal share: the seed and a finalist that one worker scored are tested
+        side by side, not one after the other (the moved one pays again for its robustness sample)."""
         chunks: list[list[int]] = [[] for _ in self.workers]
+        share = -(-len(texts) // len(self.workers)) if balance else len(texts)
         new = []
         for j, text in enumerate(texts):
-            (chunks[self._home[text]] if text in self._home else new).append(j)
+            home = self._home.get(text)
+            (chunks[home] if home is not None and len(chunks[home]) < share else new).append(j)
         for j in new:
             worker = min(range(len(chunks)), key=lambda w: len(chunks[w]))
             chunks[worker].append(j)

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import random
 import time
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -174,6 +173,21 @@ def label_scorer(source: ModelSource | LoadedLM, verbalizers: Sequence[str], *, 
     return make_label_scorer(model, list(verbalizers), chat_template=chat_template, batch_size=batch_size)
 
 
+def stratified_order(examples: Sequence[Example]) -> list[Example]:
+    """``examples`` reordered so that each label's examples are spread evenly (the i-th of a label's n sits at
+    (i + 0.5) / n of the way): any prefix holds every label in about its share. Within a label the order is kept."""
+    seen: dict[str, int] = {}
+    counts: dict[str, int] = {}
+    for e in examples:
+        counts[e.label] = counts.get(e.label, 0) + 1
+    keyed = []
+    for j, e in enumerate(examples):
+        i = seen.get(e.label, 0)
+        seen[e.label] = i + 1
+        keyed.append(((i + 0.5) / counts[e.label], j, e))
+    return [e for _, _, e in sorted(keyed, key=lambda k: k[:2])]
+
+
 def _shown(value):
     """A parsed value as a reviewer's table shows it: JSON text for objects and lists."""
     return json.dumps(value, ensure_ascii=False) if isinstance(value, (dict, list)) else value
@@ -206,9 +220,11 @@ class CandidateScorer:
         self.max_new_tokens = answer_tokens(task)
         self.tokenizer = tokenizer
         cfg = task.scoring
-        self.dev = list(splits.dev)[:reward_examples] if reward_examples else list(splits.dev)
-        rng = random.Random(task.split.seed)
-        self.robust_sample = rng.sample(self.dev, min(cfg.robustness_examples, len(self.dev)))
+        # The dev sample in an order whose every prefix holds the labels in their proportions: a race's first
+        # rung reads a prefix (pipelines/racing.py), and so does robustness (inside the first rung: cached).
+        self.dev = stratified_order(list(splits.dev)[:reward_examples] if reward_examples else list(splits.dev))
+        self.sample_size = len(self.dev)  # dev examples in a step's reward
+        self.robust_sample = self.dev[: cfg.robustness_examples]
         self.calibration = list(splits.train)[: cfg.calibration_examples]
 
     # --- pieces --------------------------------------------------------------------------------
@@ -334,11 +350,12 @@ class CandidateScorer:
         return out
 
     # --- the tuning loop's entry point --------------------------------------------------------------
-    def measure(self, texts: Sequence[str], *, whole_dev: bool = False) -> list[Scored]:
-        """Measure and weigh candidate template texts on the dev sample, or on the whole dev split with
-        ``whole_dev`` (invalid ones are marked, not raised). Robustness always uses the same small dev sample."""
+    def measure(self, texts: Sequence[str], *, whole_dev: bool = False, examples: int | None = None) -> list[Scored]:
+        """Measure and weigh candidate template texts on the dev sample (its first ``examples`` only, when given:
+        the first rung of a race, ``pipelines/racing.py``), or on the whole dev split with ``whole_dev`` (invalid
+        ones are marked, not raised). Robustness always uses the same small dev sample."""
         cfg = self.task
-        dev = list(self.splits.dev) if whole_dev else self.dev
+        dev = list(self.splits.dev) if whole_dev else self.dev[:examples] if examples else self.dev
         results: list[Scored | None] = [None] * len(texts)
         valid: list[tuple[int, Template, int]] = []
         for i, text in enumerate(texts):

@@ -137,6 +137,7 @@ def _score(queries: list[str], prompts: list[str]) -> dict:
     import torch
 
     from pipelines.generation import candidate_text
+    from pipelines.racing import race_candidates
 
     settings = _settings()
     if len(queries) != len(prompts):
@@ -147,7 +148,7 @@ def _score(queries: list[str], prompts: list[str]) -> dict:
         _state["scorer"] = _build_scorer(settings)
     scorer = _state["scorer"]
     texts = [candidate_text(scorer.task, response) for response in responses]
-    rewards = [scored.reward for scored in scorer.measure(texts)]
+    rewards = [scored.reward for scored in race_candidates(scorer.task, scorer, texts)[0]]  # raced as the loop does
     totals = [r.total for r in rewards]
     if not all(math.isfinite(t) for t in totals):
         raise ValueError(f"reward is not finite: {totals} for candidates {texts}")

@@ -10,7 +10,11 @@ both, for --rounds rounds; each template's fastest time per method counts (the m
              the tokens agree: the chat header), the example suffixes packed without padding through
              `pipelines.engine.packed_llama`, the last layer and the label rows of the output layer at each
              example's last position only, the examples dealt to one thread per core by token count;
-  * cached:  the same scorer asked again for the same pairs (a template seen again during tuning).
+  * cached:  the same scorer asked again for the same pairs (a template seen again during tuning);
+  * llama.cpp (a column only when ``llama_cpp`` imports, e.g. ``pip install llama-cpp-python``): the same GGUF
+             file the embedded model is made from (Q4_1, not de-quantized), one pair at a time, reusing the key/value
+             cache of the tokens it shares with the previous prompt, the next-token logits at the last position;
+             what a CPU user would reach for.
 Both use the same number of cores (--threads): the naive way through torch's intra-op threads, the scorer
 through its own threads of one intra-op thread each.
 It prints pairs/s and the ratios, and the model FLOP/s each achieves against the matrix-multiply
@@ -30,6 +34,7 @@ whatever a method actually runs). ``--input-chars 1000`` makes each input about 
 
     .venv/bin/python scripts/bench_scoring.py [--examples 60] [--templates 6] [--threads 2] [--rounds 2]
     .venv/bin/python scripts/bench_scoring.py --input-chars 1000 --examples 20 --templates 3
+    .venv/bin/python scripts/bench_scoring.py --long-too      # and then the 1,000-character case, in the same run
     .venv/bin/python scripts/bench_scoring.py --answers-only [--examples 60] [--templates 6]
 """
 
@@ -88,6 +93,38 @@ def long_inputs(messages: list[str], n: int, chars: int) -> list[str]:
     return out
 
 
+def llama_cpp_model(threads: int):
+    """The embedded model's own GGUF file in llama.cpp, or None when ``llama_cpp`` is not installed."""
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        return None
+    from pipelines.engine.models import _GGUF_FILE, _GGUF_PACKAGE, _package_dir
+
+    return Llama(model_path=str(_package_dir(_GGUF_PACKAGE) / _GGUF_FILE), n_ctx=2048, n_threads=threads,
+                 n_threads_batch=threads, n_batch=512, logits_all=False, verbose=False)
+
+
+def score_llama_cpp(llm, prompts: list[list[int]], label_ids):
+    """Label log-probs from llama.cpp, one prompt at a time: the key/value cache keeps the tokens the prompt
+    shares with the one before it (the template's prefix), only the rest is evaluated."""
+    import numpy as np
+    import torch
+
+    from pipelines.engine.target import label_logprobs
+
+    rows, previous = [], []
+    for ids in prompts:
+        keep = 0
+        while keep < min(len(ids), len(previous)) - 1 and ids[keep] == previous[keep]:
+            keep += 1
+        llm.n_tokens = keep  # llama.cpp drops the cache past n_tokens on the next eval
+        llm.eval(ids[keep:])
+        rows.append(label_logprobs(torch.from_numpy(np.array(llm.scores[llm.n_tokens - 1])), label_ids))
+        previous = ids
+    return np.stack(rows)
+
+
 def main() -> int:
     quiet_libraries()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -99,24 +136,40 @@ def main() -> int:
     parser.add_argument("--answers-only", action="store_true", help="only the greedy answers against model.generate")
     parser.add_argument("--input-chars", type=int, default=0,
                         help="make each input this many characters long (dev messages joined); 0: the messages as they are")
+    parser.add_argument("--long-too", action="store_true",
+                        help="after the run above, the same for 1,000-character inputs (20 examples, 3 templates)")
     args = parser.parse_args()
 
-    import numpy as np
     import torch
 
     from pipelines.config import load_task
-    from pipelines.data import load_splits
     from pipelines.engine.models import load_causal_lm
-    from pipelines.engine.target import LabelScorer, prompt_frame, score_naive
 
     torch.set_num_threads(args.threads)
     task = load_task("risk")
-    texts = [e.text for e in load_splits(task).dev[: args.examples]]
-    if args.input_chars:
-        texts = long_inputs([e.text for e in load_splits(task).dev], args.examples, args.input_chars)
-    templates = [task.seed_template() if i is None else task.make_template(task.compose(i))
-                 for i in INSTRUCTIONS[: args.templates]]
     lm = load_causal_lm()
+    llm = None if args.answers_only else llama_cpp_model(args.threads)
+    if llm is None and not args.answers_only:
+        print("llama.cpp: not installed (pip install llama-cpp-python for its column)\n")
+    shapes = [(args.input_chars, args.examples, args.templates)]
+    if args.long_too:
+        shapes.append((1000, 20, min(3, args.templates)))
+    for chars, examples, n_templates in shapes:
+        bench_shape(task, lm, llm, args, chars, examples, n_templates)
+    return 0
+
+
+def bench_shape(task, lm, llm, args, chars: int, examples: int, n_templates: int) -> None:
+    """Scoring (and then answers) for one input shape: ``chars`` characters an input (0: the messages)."""
+    import numpy as np
+
+    from pipelines.data import load_splits
+    from pipelines.engine.target import LabelScorer, label_token_ids, prompt_frame, score_naive
+
+    dev = [e.text for e in load_splits(task).dev]
+    texts = long_inputs(dev, examples, chars) if chars else dev[:examples]
+    templates = [task.seed_template() if i is None else task.make_template(task.compose(i))
+                 for i in INSTRUCTIONS[:n_templates]]
     verbalizers = [task.labels[n].verbalizer for n in task.labels]
     config = lm.model.config
     d, vocab, layers = config.hidden_size, config.vocab_size, config.num_hidden_layers
@@ -136,17 +189,19 @@ def main() -> int:
 
     if args.answers_only:
         bench_answers(lm, task, templates, texts, args)
-        return 0
+        return
     scorer = LabelScorer(lm, verbalizers, batch_size=args.batch_size)
+    label_ids = label_token_ids(lm.tokenizer, verbalizers)
     # Per template and method, the fastest of --rounds rounds: this machine is shared, and a busy neighbour
     # slows the naive way (two threads in lockstep on every operation) more than the scorer's independent
     # threads, which would flatter the ratio. Every round starts from an empty scorer (no pairs, no prefixes).
     naive_t = np.full((args.rounds, len(templates)), np.inf)
     fast_t = np.full((args.rounds, len(templates)), np.inf)
+    llama_t = np.full((args.rounds, len(templates)), np.inf)
     cached_s = 0.0
     naive_flops = fast_flops = 0.0
     prompt_tokens = 0
-    max_diff = 0.0
+    max_diff = llama_diff = 0.0
     score_naive(lm, templates[0], texts[:2], verbalizers)  # warm-up
     for r in range(args.rounds):
         scorer.clear_cache()
@@ -159,9 +214,10 @@ def main() -> int:
             started = time.perf_counter()
             fast = scorer.score(template, texts)
             fast_t[r, j] = time.perf_counter() - started
+            before, after = prompt_frame(lm.tokenizer, template, True)
+            prompts = [lm.tokenizer(before + t + after, add_special_tokens=False).input_ids for t in texts]
             if r == 0:
-                before, after = prompt_frame(lm.tokenizer, template, True)
-                lengths = [len(lm.tokenizer(before + t + after, add_special_tokens=False).input_ids) for t in texts]
+                lengths = [len(ids) for ids in prompts]
                 naive_flops += sum(flops(n, n / 2, vocab, n) for n in lengths)
                 prompt_tokens += sum(lengths)
                 tokens = scorer.stats.tokens_forward - tokens_before
@@ -170,6 +226,11 @@ def main() -> int:
                 again = scorer.score(template, texts)
                 cached_s += time.perf_counter() - started
                 assert np.array_equal(again, fast)
+            if llm is not None:
+                started = time.perf_counter()
+                theirs = score_llama_cpp(llm, prompts, label_ids)
+                llama_t[r, j] = time.perf_counter() - started
+                llama_diff = max(llama_diff, float(np.abs((theirs[:, 0] - theirs[:, 1]) - (naive[:, 0] - naive[:, 1])).max()))
             max_diff = max(max_diff, float(np.abs((fast[:, 0] - fast[:, 1]) - (naive[:, 0] - naive[:, 1])).max()))
         if r == 0:
             tokens_run, prefix_reused = scorer.stats.tokens_forward, scorer.stats.prefix_tokens_reused
@@ -190,7 +251,12 @@ def main() -> int:
          "tokens_per_s": prompt_tokens / cached_s, "ratio": naive_s / cached_s, "model_GFLOP_per_s": "",
          "of_matmul_peak": ""},
     ]
-    shape = f"inputs of {args.input_chars} characters" if args.input_chars else "the messages as they are"
+    if llm is not None:
+        llama_s = float(llama_t.min(0).sum())
+        rows.append({"method": "llama.cpp (Q4_1 GGUF, prefix cache)", "pairs": pairs, "seconds": llama_s,
+                     "pairs_per_s": pairs / llama_s, "tokens_per_s": prompt_tokens / llama_s, "ratio": naive_s / llama_s,
+                     "model_GFLOP_per_s": "", "of_matmul_peak": ""})
+    shape = f"inputs of {chars} characters" if chars else "the messages as they are"
     print(f"risk dev split: {len(templates)} templates x {len(texts)} examples ({shape}; "
           f"{prompt_tokens / pairs:.0f} prompt tokens a pair), {dtype}, "
           f"{args.threads} threads, batch {args.batch_size}; seconds: each template's fastest of {args.rounds} rounds")
@@ -201,10 +267,12 @@ def main() -> int:
     print(f"tokens run by the scorer in a round: {tokens_run} ({prefix_reused} prefix tokens taken from earlier "
           f"templates' rows instead)")
     print(f"largest |log-odds difference| scorer vs naive: {max_diff:.3f} ({dtype}; see tests/test_scoring.py)")
+    if llm is not None:
+        print(f"largest |log-odds difference| llama.cpp (Q4_1) vs naive ({dtype}, de-quantized): {llama_diff:.3f}")
     print(f"ratio of each round on its own: {', '.join(f'{x:.2f}' for x in round_ratios)}")
     print(f"target: scorer/naive >= 5 (aim 10); measured {naive_s / fast_s:.2f}")
     bench_answers(lm, task, templates, texts, args)
-    return 0
+    print()
 
 
 def bench_answers(lm, task, templates, texts, args) -> None:

@@ -76,12 +76,17 @@ def test_estimate_prints_a_table_and_runs_nothing(tmp_path, capsys):
     assert "estimate for task risk-small: 2 steps x 4 candidates, 24 dev examples" in out
     for phase in ("seed", "2 steps", "test", "total"):
         assert phase in out
-    assert main(["--task", SMALL_TASK, "--steps", "2", "--estimate", "--json", "--max-target-calls", "300"]) == 0
+    assert main(["--task", SMALL_TASK, "--steps", "2", "--estimate", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     one_step = data["phases"]["steps"]["target"]["calls"]
     assert data["total"]["target"]["calls"] == sum(
         p["target"]["calls"] * (2 if name == "steps" else 1) for name, p in data["phases"].items() if "target" in p)
-    assert one_step > 0 and data["budget_steps"] in (0, 1, 2)
+    assert one_step > 0 and data["budget_steps"] == 2  # no budget: every step
+    # a budget one step short of the whole run pays for one step (how many calls depends on the machine: a local
+    # bfloat16 model scores the labels in a pass of its own)
+    short = data["total"]["target"]["calls"] - one_step
+    assert main(["--task", SMALL_TASK, "--steps", "2", "--estimate", "--json", "--max-target-calls", str(short)]) == 0
+    assert json.loads(capsys.readouterr().out)["budget_steps"] == 1
 
 
 def test_a_budget_too_small_exits_2_before_writing_anything(tmp_path, capsys):

@@ -121,7 +121,7 @@ def test_finalists_are_re_ranked_on_the_whole_dev_split():
 
     pool = Pool()
     finalists, rows, usage = select_finalists(task, pool, ["a", "b", "c", "d", "e"], 2)
-    assert pool.asked == ["a", "b", "c", "d"]  # the best max(4, 2 x 2) by step reward; "e" is not re-measured
+    assert pool.asked == ["a", "b", "c", "d"]  # the best max(2, 2 x 2) by step reward; "e" is not re-measured
     assert finalists == ["d", "b"] and [r["template"] for r in rows] == ["d", "b", "c", "a"]
     assert [r["target_calls"] for r in rows] == [7] * 4  # what the scorer counted, carried into the run's total
     assert usage == {"target": Usage(28, 280)}

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.cli import main
+from pipelines.config import load_task
 from pipelines.rl import cluster_job
 from pipelines.rl.stand_ins import install_cpu_stand_ins
 from pipelines.rl.train_ppo_ray import parse_train_ppo_ray_args
@@ -75,7 +76,8 @@ def test_dry_run_writes_the_files_and_prints_a_command_openrlhfs_parser_accepts(
     assert args.data.input_key == "input" and args.data.apply_chat_template
     assert args.actor.model_name_or_path == str(embedded_model_dir())
     assert args.vllm.num_engines >= 1
-    assert args.rollout.n_samples_per_prompt == 8  # the task's candidates_per_step
+    assert args.rollout.n_samples_per_prompt == load_task("risk").generation.candidates_per_step == 6
+    assert args.train.batch_size % args.train.micro_batch_size == 0  # whole micro batches per optimizer step
 
     # The reward file is the project's reward file; its settings describe the task.
     assert (run_dir / "reward_func.py").read_text() == (REPO / "rewards" / "openrlhf_reward.py").read_text()

@@ -76,7 +76,8 @@ def _command(task: TaskConfig, options: RunOptions, pretrain: str, n_prompts: in
         # One rollout = every meta-prompt x candidates_per_step samples; one optimizer step per prompt group.
         rollout_batch_size=n_prompts, n_samples_per_prompt=gen.candidates_per_step,
         micro_rollout_batch_size=4, train_batch_size=gen.candidates_per_step,
-        micro_train_batch_size=min(4, gen.candidates_per_step),
+        # the largest micro batch of at most 4 that divides the group (openrlhf accumulates whole micro batches)
+        micro_train_batch_size=max(d for d in range(1, 5) if gen.candidates_per_step % d == 0),
         max_new_tokens=task.template.max_instruction_tokens, temperature=gen.temperature, top_p=gen.top_p,
         actor_lr=ppo.lr, critic_lr=ppo.critic_lr, kl_coef=ppo.kl_coef, kl_target=ppo.kl_target,
         advantage_estimator=ppo.advantage_estimator, gamma=ppo.gamma, lambd=ppo.lambd, eps_clip=ppo.clip_eps,

@@ -1,0 +1,119 @@
+"""Racing (pipelines/racing.py): which candidates go on, what each is measured on, what it cost.
+
+Pure logic with a scripted measure; the real scorer's racing is exercised by the end-to-end run in
+tests/test_tuning.py and priced by tests/test_budget.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from pipelines.config import load_task
+from pipelines.engine.usage import Usage
+from pipelines.racing import race, race_candidates
+
+
+@dataclass(frozen=True)
+class _M:
+    valid: bool
+
+
+@dataclass(frozen=True)
+class _R:
+    total: float
+
+
+@dataclass(frozen=True)
+class _Scored:
+    measured: _M
+    reward: _R
+    examples: int | None
+    usage: dict = field(default_factory=dict)
+
+
+class ScriptedMeasure:
+    """Rewards from a table; a text starting with "bad" is invalid. Every call is recorded; usage counts the
+    examples a call measured (the whole sample is 100)."""
+
+    def __init__(self, rewards: dict[str, float]):
+        self.rewards = rewards
+        self.calls: list[tuple[list[str], int | None]] = []
+
+    def __call__(self, texts, examples):
+        self.calls.append((list(texts), examples))
+        n = examples or 100
+        return [_Scored(_M(not t.startswith("bad")), _R(self.rewards.get(t, -1.0)), examples,
+                        {"target": Usage(n, 10 * n, 0)}) for t in texts]
+
+
+def test_the_best_on_the_slice_go_on_and_only_they_finish():
+    measure = ScriptedMeasure({"a": 0.1, "b": 0.9, "c": 0.5, "d": 0.7, "e": 0.2})
+    scored, finished = race(measure, ["a", "b", "c", "d", "e"], first_examples=25, keep=2, sample_size=100)
+    assert measure.calls == [(["a", "b", "c", "d", "e"], 25), (["b", "d"], None)]
+    assert finished == [False, True, False, True, False]
+    assert [s.examples for s in scored] == [25, None, 25, None, 25]
+    # a finisher's cost is both rungs' (the scorer's cache makes the second pay only for the new examples)
+    assert scored[1].usage["target"] == Usage(25 + 100, 1250, 0)
+    assert scored[0].usage["target"] == Usage(25, 250, 0)
+
+
+def test_invalid_candidates_never_go_on_even_when_few_are_valid():
+    measure = ScriptedMeasure({"a": 0.1, "bad1": 5.0, "bad2": 5.0})
+    scored, finished = race(measure, ["bad1", "a", "bad2"], first_examples=25, keep=2, sample_size=100)
+    assert finished == [False, True, False]
+    assert measure.calls[1] == (["a"], None)
+    measure = ScriptedMeasure({})
+    scored, finished = race(measure, ["bad1", "bad2", "bad3"], first_examples=25, keep=2, sample_size=100)
+    assert finished == [False, False, False] and len(measure.calls) == 1
+
+
+@pytest.mark.parametrize("first, keep, sample", [(0, 2, 100), (100, 2, 100), (150, 2, 100), (25, 5, 100), (25, 9, 100)])
+def test_no_race_when_it_would_save_nothing(first, keep, sample):
+    measure = ScriptedMeasure({"a": 0.1, "b": 0.2, "c": 0.3, "d": 0.4, "e": 0.5})
+    scored, finished = race(measure, list("abcde"), first, keep, sample)
+    assert measure.calls == [(list("abcde"), None)] and finished == [True] * 5
+
+
+def test_ties_on_the_slice_keep_the_earlier_candidate():
+    measure = ScriptedMeasure({"a": 0.5, "b": 0.5, "c": 0.5})
+    _, finished = race(measure, ["a", "b", "c"], first_examples=10, keep=1, sample_size=100)
+    assert finished == [True, False, False]
+
+
+def test_race_candidates_reads_the_task_and_the_sample_size():
+    task = load_task("risk")
+
+    class Measurer:
+        sample_size = 100
+
+        def __init__(self):
+            self.script = ScriptedMeasure({f"t{i}": i / 10 for i in range(8)})
+
+        def measure(self, texts, examples=None):
+            return self.script(texts, examples)
+
+    measurer = Measurer()
+    _, finished = race_candidates(task, measurer, [f"t{i}" for i in range(8)])
+    racing = task.scoring.racing
+    assert measurer.script.calls[0][1] == racing.first_examples
+    assert finished == [i >= 8 - racing.keep for i in range(8)]
+    off = task.with_overrides(**{"scoring.racing.first_examples": 0})
+    measurer = Measurer()
+    _, finished = race_candidates(off, measurer, [f"t{i}" for i in range(8)])
+    assert measurer.script.calls == [([f"t{i}" for i in range(8)], None)] and all(finished)
+
+
+def test_every_prefix_of_the_stratified_order_holds_the_labels_in_their_shares():
+    from pipelines.data import Example
+    from pipelines.scoring import stratified_order
+
+    examples = [Example(f"h{i}", "high") for i in range(10)] + [Example(f"l{i}", "low") for i in range(30)]
+    ordered = stratified_order(examples)
+    assert sorted(e.text for e in ordered) == sorted(e.text for e in examples)  # the same examples
+    assert [e.text for e in ordered if e.label == "high"] == [f"h{i}" for i in range(10)]  # order kept per label
+    for k in range(4, 41, 4):
+        highs = sum(e.label == "high" for e in ordered[:k])
+        assert abs(highs - k / 4) <= 1, (k, highs)
+    assert stratified_order([]) == []
