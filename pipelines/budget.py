@@ -288,3 +288,69 @@ def check_affordable(plan: Plan, budget: Budget) -> None:
             f"{need_calls} target calls and {need_tokens} tokens; raise the budget, or lower --dev-examples "
             "or the task's test split"
         )
+
+
+# --- wall time of a local run --------------------------------------------------------------------------------
+# Measured on 2 quiet cores (AVX-512 BF16, bfloat16): a pool of 2 one-thread workers scored 4,200-4,600 prompt
+# tokens/s in every phase of the default risk run (steps, selection, test), whatever mix of label passes and
+# answers the phase asked for; one worker alone, timed by ``calibrate``, 2,300. The policy (sampling and the PPO
+# update on the driver's 2 threads) took 2.7 s per candidate; start-up (imports, Ray, models) about 20 s.
+REFERENCE_TOKENS_PER_S = 2300.0  # one worker, the machine above
+REFERENCE_POLICY_S = 2.7  # per candidate and step, the machine above
+STARTUP_S = 20.0
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How fast this machine runs a local run: one scoring worker's prompt tokens per second (``calibrate``),
+    the workers that run side by side, and the policy's seconds per candidate (scaled from the reference)."""
+
+    tokens_per_s: float
+    workers: int
+    policy_s_per_candidate: float
+
+    @classmethod
+    def scaled(cls, tokens_per_s: float, workers: int) -> "Timing":
+        return cls(tokens_per_s, workers, REFERENCE_POLICY_S * REFERENCE_TOKENS_PER_S / tokens_per_s)
+
+
+def local_seconds(plan: Plan, timing: Timing, candidates: int) -> dict[str, float]:
+    """The run's wall time per phase, from the tokens the plan prices: a phase's target and judge prompt tokens
+    at the pool's rate (the seed's at one worker's: nothing else runs then), each step's policy at its rate per
+    candidate, and the start-up. The model behind it: time follows prompt tokens (input length x examples x
+    candidates), so a run on inputs 4 times as long spends about 4 times as long scoring."""
+    def tokens(phase: str) -> int:
+        per_role = plan.phases.get(phase, {})
+        return sum(per_role.get(role, Usage()).prompt_tokens for role in ("target", "judge"))
+
+    pool = timing.tokens_per_s * timing.workers
+    out = {"startup": STARTUP_S, "seed": tokens("seed") / timing.tokens_per_s,
+           "steps": plan.steps * (tokens("steps") / pool + candidates * timing.policy_s_per_candidate),
+           "select": tokens("select") / pool, "test": tokens("test") / pool}
+    out["total"] = sum(out.values())
+    return out
+
+
+def calibrate(task: TaskConfig, splits: Splits, target: ModelSource, examples: int = 24) -> float:
+    """One scoring worker's prompt tokens per second on this machine: the seed measured on ``examples`` dev
+    examples by the run's own scorer with one thread, as a Ray worker runs it (a few seconds, after loading)."""
+    import time
+
+    import torch
+
+    from pipelines.scoring import build_scorer
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        scorer = build_scorer(task, splits, target, reward_examples=examples)
+        seed = task.seed_template()
+        scorer.label_logprobs(seed, list(splits.train)[:2])  # warm-up: the first pass sets up kernels
+        before = scorer.spent()
+        started = time.perf_counter()
+        scorer.measure([seed.text])
+        seconds = time.perf_counter() - started
+        spent = scorer.spent_since(before)
+    finally:
+        torch.set_num_threads(threads)
+    return (spent["target"].prompt_tokens + spent["judge"].prompt_tokens) / seconds

@@ -381,8 +381,9 @@ def cmd_tune(args) -> int:
 
 
 def print_estimate(task: TaskConfig, options: RunOptions, *, json_output: bool) -> int:
-    """``--estimate``: the calls and tokens the run would take, priced by the run's own scoring code; runs nothing."""
-    from pipelines.budget import Budget, estimate, scoring_tokenizer
+    """``--estimate``: the calls and tokens the run would take, priced by the run's own scoring code, and for a
+    local run its wall time on this machine (the scorer timed for a few seconds on the seed); writes nothing."""
+    from pipelines.budget import Budget, Timing, calibrate, estimate, local_seconds, scoring_tokenizer
     from pipelines.scoring import answer_tokens
 
     splits = split_examples(task, load_examples(task))
@@ -390,8 +391,14 @@ def print_estimate(task: TaskConfig, options: RunOptions, *, json_output: bool) 
     budget = Budget(options.max_target_calls, options.max_tokens)
     smallest = plan.affords(budget, plan.phases.get("seed", {}), 0) if budget else None
     fits = [n for n in range(options.steps, -1, -1) if not plan.affords(budget, plan.phases.get("seed", {}), n)]
+    seconds = None
+    if not isinstance(options.target, Endpoint) and not isinstance(options.judge, Endpoint):
+        # a local run's wall time: this machine's scoring rate, timed now on the seed (a few seconds)
+        timing = Timing.scaled(calibrate(task, splits, options.target), min(options.num_scorers, os.cpu_count() or 1))
+        seconds = local_seconds(plan, timing, task.generation.candidates_per_step)
     if json_output:
-        print(json.dumps({**plan.as_dict(), "budget_steps": fits[0] if fits else None}, indent=2))
+        print(json.dumps({**plan.as_dict(), "budget_steps": fits[0] if fits else None,
+                          "seconds": seconds and {k: round(v, 1) for k, v in seconds.items()}}, indent=2))
         return 0
     where = {"target": options.target, "judge": options.judge or options.target, "policy": options.policy_model}
     print(f"estimate for task {task.name}: {options.steps} steps x {task.generation.candidates_per_step} candidates, "
@@ -403,6 +410,11 @@ def print_estimate(task: TaskConfig, options: RunOptions, *, json_output: bool) 
     print("A call is one request a server would bill (see pipelines/engine/usage.py). Calls assume every candidate "
           "is valid and new (invalid or repeated ones cost nothing); completion tokens assume every answer runs to "
           f"its limit ({answer_tokens(task)} tokens), so the run takes at most these.")
+    if seconds:
+        parts = ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items() if k != "total")
+        print(f"wall time on this machine, about {seconds['total'] / 60:.1f} min ({parts}): prompt tokens at "
+              f"{timing.tokens_per_s:.0f}/s per scoring worker x {timing.workers} (timed just now on the seed), the "
+              f"policy at {timing.policy_s_per_candidate:.1f} s per candidate (README, \"What a run costs\")")
     if budget:
         if smallest:
             print(f"the budget cannot pay for the seed and the final test: {smallest}")
@@ -647,7 +659,8 @@ def build_parser() -> argparse.ArgumentParser:
     budget.add_argument("--max-tokens", type=whole_number(1),
                         help="the same for the target's and the judge's prompt + completion tokens")
     budget.add_argument("--estimate", action="store_true",
-                        help="print the calls and tokens the run will take, per phase and model, and run nothing")
+                        help="print the calls and tokens the run will take, per phase and model, and for a local "
+                        "model its wall time on this machine (its scorer timed for a few seconds); tunes nothing")
     tuning.add_argument("--store", help="template store URL (default sqlite:///$TUNE_PROMPTS_HOME/store.sqlite)")
     tuning.add_argument("--no-store", action="store_true", help="do not record the result in the store")
     tuning.add_argument("--no-promote", action="store_true", help="record the result but never move production")

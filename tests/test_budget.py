@@ -76,12 +76,14 @@ def test_estimate_prints_a_table_and_runs_nothing(tmp_path, capsys):
     assert "estimate for task risk-small: 2 steps x 4 candidates, 24 dev examples" in out
     for phase in ("seed", "2 steps", "test", "total"):
         assert phase in out
+    assert "wall time on this machine, about" in out  # a local model: its scorer timed on the seed
     assert main(["--task", SMALL_TASK, "--steps", "2", "--estimate", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     one_step = data["phases"]["steps"]["target"]["calls"]
     assert data["total"]["target"]["calls"] == sum(
         p["target"]["calls"] * (2 if name == "steps" else 1) for name, p in data["phases"].items() if "target" in p)
     assert one_step > 0 and data["budget_steps"] == 2  # no budget: every step
+    assert data["seconds"]["total"] > data["seconds"]["steps"] > 0
     # a budget one step short of the whole run pays for one step (how many calls depends on the machine: a local
     # bfloat16 model scores the labels in a pass of its own)
     short = data["total"]["target"]["calls"] - one_step
@@ -205,3 +207,24 @@ def test_counting_prices_a_served_model_call_for_call():
     assert real["target"].calls + real["judge"].calls == requests  # every request the server answered, counted once
     assert real["target"].calls == priced["target"].calls > 0  # an answer and the log-probs: two requests a pair
     assert 0 < real["judge"].calls <= priced["judge"].calls
+
+
+def test_wall_time_follows_the_prompt_tokens_of_each_phase():
+    from pipelines.budget import REFERENCE_POLICY_S, STARTUP_S, Plan, Timing, local_seconds
+
+    plan = Plan(steps=3, phases={"seed": {"target": Usage(10, 1000, 0)},
+                                 "steps": {"target": Usage(50, 8000, 40), "judge": Usage(5, 2000, 0), "policy": Usage(6, 900, 200)},
+                                 "select": {"target": Usage(20, 4000, 10)}, "test": {"target": Usage(90, 10000, 90)}})
+    timing = Timing(tokens_per_s=500.0, workers=2, policy_s_per_candidate=2.0)
+    got = local_seconds(plan, timing, candidates=6)
+    assert got["seed"] == 1000 / 500  # the seed runs on one worker
+    assert got["steps"] == 3 * ((8000 + 2000) / 1000 + 6 * 2.0)  # the policy's own tokens are its per-candidate time
+    assert got["select"] == 4 and got["test"] == 10 and got["startup"] == STARTUP_S
+    assert got["total"] == sum(v for k, v in got.items() if k != "total")
+    # inputs four times as long: four times the scoring time, the same policy time
+    longer = Plan(steps=3, phases={p: {r: Usage(u.calls, 4 * u.prompt_tokens, u.completion_tokens) for r, u in per.items()}
+                                   for p, per in plan.phases.items()})
+    assert local_seconds(longer, timing, 6)["test"] == 4 * got["test"]
+    # a machine half as fast scores and updates the policy at half the rate
+    assert Timing.scaled(1000.0, 2).policy_s_per_candidate == 2 * Timing.scaled(2000.0, 2).policy_s_per_candidate
+    assert Timing.scaled(1000.0, 2).policy_s_per_candidate > REFERENCE_POLICY_S / 10
