@@ -65,6 +65,7 @@ class Plan:
 
     steps: int
     phases: dict[str, dict[str, Usage]] = field(default_factory=dict)
+    work: dict[str, int] = field(default_factory=dict)  # phase -> tokens a local target and judge compute
 
     def total(self, steps: int | None = None) -> dict[str, Usage]:
         steps = self.steps if steps is None else steps
@@ -111,7 +112,7 @@ class Plan:
         return rows
 
     def as_dict(self) -> dict:
-        return {"steps": self.steps,
+        return {"steps": self.steps, "work_tokens": dict(self.work),
                 "phases": {p: {r: u.as_dict() for r, u in per.items()} for p, per in self.phases.items()},
                 "total": {r: u.as_dict() for r, u in self.total().items()}}
 
@@ -129,20 +130,31 @@ class CountingModel:
         self.chat_template = chat_template
         self.served = served
         self.labels_with_answers = not served if labels_with_answers is None else labels_with_answers
+        # tokens a local model computes: the template's prefix once per call, each new pair's own tokens (its
+        # input and what follows it), each answer's new tokens; what a local run's time follows
+        self.work = 0
         self.usage = Usage()
         self._scored: set[tuple[str, str]] = set()
         self._answered: set[tuple] = set()
         self._frames: dict[str, tuple[int, int]] = {}
 
     def _prompt_tokens(self, template, text: str) -> int:
+        before, after = self._frame(template)
+        return before + after + len(self.tokenizer(text, add_special_tokens=False).input_ids)
+
+    def _frame(self, template) -> tuple[int, int]:
         if template.text not in self._frames:
             from pipelines.engine.target import prompt_frame
 
             before, after = prompt_frame(self.tokenizer, template, self.chat_template)
             count = lambda s: len(self.tokenizer(s, add_special_tokens=False).input_ids)  # noqa: E731
             self._frames[template.text] = (count(before), count(after))
-        before, after = self._frames[template.text]
-        return before + after + len(self.tokenizer(text, add_special_tokens=False).input_ids)
+        return self._frames[template.text]
+
+    def _worked(self, template, prompt_tokens: list[int], new_tokens: int = 0) -> None:
+        if prompt_tokens:
+            prefix = self._frame(template)[0]
+            self.work += prefix + sum(n - prefix for n in prompt_tokens) + new_tokens
 
     def _row(self, text: str) -> np.ndarray:
         """Made-up but fixed log-probs (the scoring code's arithmetic needs numbers, not these ones)."""
@@ -151,20 +163,26 @@ class CountingModel:
         return (raw - np.logaddexp.reduce(raw)).astype(np.float32)
 
     def score(self, template, texts: Sequence[str]) -> np.ndarray:
+        ran = []
         for text in dict.fromkeys(texts):
             if (template.text, text) not in self._scored:
                 self._scored.add((template.text, text))
-                self.usage.add(1, self._prompt_tokens(template, text), 1 if self.served else 0)
+                ran.append(self._prompt_tokens(template, text))
+                self.usage.add(1, ran[-1], 1 if self.served else 0)
+        self._worked(template, ran)
         return np.stack([self._row(text) for text in texts]) if texts else np.zeros((0, len(self.verbalizers)))
 
     def answer(self, template, texts: Sequence[str], max_new_tokens: int, complete=None) -> list[Answer]:
         key = (template.text, max_new_tokens) if self.served else (template.text, max_new_tokens, complete is not None)
+        ran = []
         for text in dict.fromkeys(texts):
             if (*key, text) not in self._answered:
                 self._answered.add((*key, text))
-                self.usage.add(1, self._prompt_tokens(template, text), max_new_tokens)
+                ran.append(self._prompt_tokens(template, text))
+                self.usage.add(1, ran[-1], max_new_tokens)
                 if self.labels_with_answers:  # the answer's first pass read the labels too
                     self._scored.add((template.text, text))
+        self._worked(template, ran, len(ran) * max_new_tokens)
         # an answer of its own per template: the judge grades (input, answer) pairs, and a repeated pair is free
         word = f"{self.verbalizers[0]} {hashlib.sha256(template.text.encode()).hexdigest()[:8]}"
         return [Answer(word, False, max_new_tokens) for _ in texts]
@@ -172,6 +190,7 @@ class CountingModel:
     def request_latency_ms(self, template, texts: Sequence[str], n: int = 12) -> dict[str, float]:
         for text in list(texts)[:n]:
             self.usage.add(1, self._prompt_tokens(template, text), 1 if self.served else 0)
+            self.work += self._prompt_tokens(template, text)  # one request at a time, the whole prompt
         return {"p50": 0.0, "p95": 0.0, "error_rate": 0.0}
 
 
@@ -226,14 +245,16 @@ def estimate(task: TaskConfig, options: RunOptions, splits: Splits, tokenizer) -
     k = task.generation.candidates_per_step
     plan = Plan(steps=options.steps)
 
-    def priced(run) -> dict[str, Usage]:
-        before = scorer.spent()
+    def priced(run, phase: str) -> dict[str, Usage]:
+        before, worked = scorer.spent(), target.work + judge.work
         run()
+        plan.work[phase] = target.work + judge.work - worked
         return scorer.spent_since(before)
 
     seed = task.seed_template().text
-    plan.phases["seed"] = priced(lambda: scorer.measure([seed]))
-    step = priced(lambda: race_candidates(task, scorer, [task.compose(t) for t in synthetic_instructions(task, tokenizer, k)]))
+    plan.phases["seed"] = priced(lambda: scorer.measure([seed]), "seed")
+    step = priced(lambda: race_candidates(task, scorer, [task.compose(t) for t in synthetic_instructions(task, tokenizer, k)]),
+                  "steps")
     step["policy"] = Usage(k, k * _longest_meta_prompt(task, tokenizer), k * task.template.max_instruction_tokens)
     plan.phases["steps"] = step
     # the shortlist: the best max(2, 2 x finalists) candidates of the run (each finished its race), measured
@@ -241,16 +262,17 @@ def estimate(task: TaskConfig, options: RunOptions, splits: Splits, tokenizer) -
     shortlist_size = min(max(2, 2 * options.finalists), options.steps * k)
     shortlist = [task.compose(t) for t in synthetic_instructions(task, tokenizer, shortlist_size, offset=k)]
     scorer.measure(shortlist)  # what the steps already paid for
-    plan.phases["select"] = priced(lambda: scorer.measure(shortlist, whole_dev=True))
+    plan.phases["select"] = priced(lambda: scorer.measure(shortlist, whole_dev=True), "select")
     finalists = shortlist[: min(options.finalists, shortlist_size)]
 
     # the test, priced on a fresh scorer: the pool tests templates side by side, so one may run on a worker whose
     # cache has never seen it (ScoringPool._assign) and pay again for its robustness sample; an upper bound
-    tester = CandidateScorer(task, splits, *counting_models(task, tokenizer, options.target, options.judge), tokenizer,
-                             reward_examples=options.dev_examples)
+    fresh = counting_models(task, tokenizer, options.target, options.judge)
+    tester = CandidateScorer(task, splits, *fresh, tokenizer, reward_examples=options.dev_examples)
     for text in [seed] + finalists:
         tester.evaluate(text, "test", latency=True)
     plan.phases["test"] = tester.spent()
+    plan.work["test"] = sum(model.work for model in fresh)
     return plan
 
 
@@ -291,19 +313,22 @@ def check_affordable(plan: Plan, budget: Budget) -> None:
 
 
 # --- wall time of a local run --------------------------------------------------------------------------------
-# Measured on 2 quiet cores (AVX-512 BF16, bfloat16): a pool of 2 one-thread workers scored 4,200-4,600 prompt
-# tokens/s in every phase of the default risk run (steps, selection, test), whatever mix of label passes and
-# answers the phase asked for; one worker alone, timed by ``calibrate``, 2,300. The policy (sampling and the PPO
-# update on the driver's 2 threads) took 2.7 s per candidate; start-up (imports, Ray, models) about 20 s.
-REFERENCE_TOKENS_PER_S = 2300.0  # one worker, the machine above
+# A local run's time follows the tokens its models compute (``CountingModel.work``: a template's prefix once per
+# call, each pair's own tokens, each answer's new tokens), not the calls: the default risk run's phases (steps,
+# selection, test) each ran at the same rate of computed tokens per second, and so does a task of 1,000-character
+# inputs, whose pairs are 5 times as long (README, "What a run costs"). Measured on 2 quiet cores (AVX-512 BF16,
+# bfloat16): the policy (sampling and the PPO update on the driver's 2 threads) took 2.7 s per candidate while one
+# scoring worker, timed by ``calibrate``, computed REFERENCE_TOKENS_PER_S; start-up (imports, Ray, models) about 20 s.
+REFERENCE_TOKENS_PER_S = 1000.0  # one worker, the machine above
 REFERENCE_POLICY_S = 2.7  # per candidate and step, the machine above
 STARTUP_S = 20.0
 
 
 @dataclass(frozen=True)
 class Timing:
-    """How fast this machine runs a local run: one scoring worker's prompt tokens per second (``calibrate``),
-    the workers that run side by side, and the policy's seconds per candidate (scaled from the reference)."""
+    """How fast this machine runs a local run: the tokens one scoring worker computes per second
+    (``calibrate``), the workers that run side by side, and the policy's seconds per candidate (scaled from the
+    reference machine by the scoring rate)."""
 
     tokens_per_s: float
     workers: int
@@ -315,30 +340,26 @@ class Timing:
 
 
 def local_seconds(plan: Plan, timing: Timing, candidates: int) -> dict[str, float]:
-    """The run's wall time per phase, from the tokens the plan prices: a phase's target and judge prompt tokens
-    at the pool's rate (the seed's at one worker's: nothing else runs then), each step's policy at its rate per
-    candidate, and the start-up. The model behind it: time follows prompt tokens (input length x examples x
-    candidates), so a run on inputs 4 times as long spends about 4 times as long scoring."""
-    def tokens(phase: str) -> int:
-        per_role = plan.phases.get(phase, {})
-        return sum(per_role.get(role, Usage()).prompt_tokens for role in ("target", "judge"))
-
+    """The run's wall time per phase: a phase's computed tokens (``plan.work``) at the pool's rate (the seed's at
+    one worker's: nothing else runs then), each step's policy at its rate per candidate, and the start-up."""
     pool = timing.tokens_per_s * timing.workers
-    out = {"startup": STARTUP_S, "seed": tokens("seed") / timing.tokens_per_s,
-           "steps": plan.steps * (tokens("steps") / pool + candidates * timing.policy_s_per_candidate),
-           "select": tokens("select") / pool, "test": tokens("test") / pool}
+    work = plan.work
+    out = {"startup": STARTUP_S, "seed": work.get("seed", 0) / timing.tokens_per_s,
+           "steps": plan.steps * (work.get("steps", 0) / pool + candidates * timing.policy_s_per_candidate),
+           "select": work.get("select", 0) / pool, "test": work.get("test", 0) / pool}
     out["total"] = sum(out.values())
     return out
 
 
 def calibrate(task: TaskConfig, splits: Splits, target: ModelSource, examples: int = 24) -> float:
-    """One scoring worker's prompt tokens per second on this machine: the seed measured on ``examples`` dev
-    examples by the run's own scorer with one thread, as a Ray worker runs it (a few seconds, after loading)."""
+    """Tokens one scoring worker computes per second on this machine: the seed measured on ``examples`` dev
+    examples by the run's own scorer with one thread, as a Ray worker runs it (a few seconds, after loading),
+    its work counted by the same stand-ins that price the run."""
     import time
 
     import torch
 
-    from pipelines.scoring import build_scorer
+    from pipelines.scoring import CandidateScorer, build_scorer
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -346,11 +367,12 @@ def calibrate(task: TaskConfig, splits: Splits, target: ModelSource, examples: i
         scorer = build_scorer(task, splits, target, reward_examples=examples)
         seed = task.seed_template()
         scorer.label_logprobs(seed, list(splits.train)[:2])  # warm-up: the first pass sets up kernels
-        before = scorer.spent()
         started = time.perf_counter()
         scorer.measure([seed.text])
         seconds = time.perf_counter() - started
-        spent = scorer.spent_since(before)
     finally:
         torch.set_num_threads(threads)
-    return (spent["target"].prompt_tokens + spent["judge"].prompt_tokens) / seconds
+    tokenizer = scorer.tokenizer
+    models = counting_models(task, tokenizer, target, None)
+    CandidateScorer(task, splits, *models, tokenizer, reward_examples=examples).measure([seed.text])
+    return sum(model.work for model in models) / seconds

@@ -148,6 +148,11 @@ class ScoringConfig(_Strict):
     robustness_attacks: tuple[Literal["checklist", "stresstest"], ...] = ("checklist", "stresstest")
     robustness_examples: int = Field(20, ge=2, description="dev examples scored per perturbed template")
     racing: RacingConfig = RacingConfig()
+    dev_tokens: int | None = Field(
+        7000, gt=0, description="input tokens a candidate's dev sample may hold (the selection sample: twice that): "
+        "a task of long inputs reads fewer examples per reward, so a run's cost follows tokens (risk's 100 SMS "
+        "messages hold about 3,600, snippets' 100 reviews 6,900); null: no limit")
+    min_dev_examples: int = Field(24, ge=2, description="the dev sample's size however long the inputs")
 
     @model_validator(mode="before")
     @classmethod

@@ -222,12 +222,31 @@ class CandidateScorer:
         cfg = task.scoring
         # The dev sample in an order whose every prefix holds the labels in their proportions: a race's first
         # rung reads a prefix (pipelines/racing.py), and so does robustness (inside the first rung: cached).
-        self.dev = stratified_order(list(splits.dev)[:reward_examples] if reward_examples else list(splits.dev))
+        # Cost follows tokens: the sample stops at ``scoring.dev_tokens`` input tokens (at least ``min_dev_examples``),
+        # so a task of long inputs reads fewer of them per reward; the selection sample at twice that.
+        dev = list(splits.dev)
+        sample = stratified_order(dev[:reward_examples] if reward_examples else dev)
+        self.dev = sample[: self._within_tokens(sample, cfg.dev_tokens, cfg.min_dev_examples)]
+        taken = {id(e) for e in self.dev}
+        rest = [e for e in dev if id(e) not in taken]
+        selection = self.dev + stratified_order(rest)
+        self.selection = selection[: self._within_tokens(selection, cfg.dev_tokens and 2 * cfg.dev_tokens, len(self.dev))]
         self.sample_size = len(self.dev)  # dev examples in a step's reward
         self.robust_sample = self.dev[: cfg.robustness_examples]
         self.calibration = list(splits.train)[: cfg.calibration_examples]
 
     # --- pieces --------------------------------------------------------------------------------
+    def _within_tokens(self, examples: Sequence[Example], budget: int | None, floor: int) -> int:
+        """How many of ``examples`` (from the first) fit in ``budget`` input tokens; at least ``floor``."""
+        if budget is None:
+            return len(examples)
+        total = 0
+        for n, e in enumerate(examples):
+            total += self.count_tokens(e.text)
+            if total > budget:
+                return max(n, min(floor, len(examples)))
+        return len(examples)
+
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer(text, add_special_tokens=False).input_ids)
 
@@ -352,10 +371,10 @@ class CandidateScorer:
     # --- the tuning loop's entry point --------------------------------------------------------------
     def measure(self, texts: Sequence[str], *, whole_dev: bool = False, examples: int | None = None) -> list[Scored]:
         """Measure and weigh candidate template texts on the dev sample (its first ``examples`` only, when given:
-        the first rung of a race, ``pipelines/racing.py``), or on the whole dev split with ``whole_dev`` (invalid
-        ones are marked, not raised). Robustness always uses the same small dev sample."""
+        the first rung of a race, ``pipelines/racing.py``), or on the selection sample with ``whole_dev`` (the
+        whole dev split unless its inputs pass twice ``scoring.dev_tokens``; invalid ones are marked, not raised). Robustness always uses the same small dev sample."""
         cfg = self.task
-        dev = list(self.splits.dev) if whole_dev else self.dev[:examples] if examples else self.dev
+        dev = self.selection if whole_dev else self.dev[:examples] if examples else self.dev
         results: list[Scored | None] = [None] * len(texts)
         valid: list[tuple[int, Template, int]] = []
         for i, text in enumerate(texts):

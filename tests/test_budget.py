@@ -209,22 +209,35 @@ def test_counting_prices_a_served_model_call_for_call():
     assert 0 < real["judge"].calls <= priced["judge"].calls
 
 
-def test_wall_time_follows_the_prompt_tokens_of_each_phase():
+def test_wall_time_follows_the_computed_tokens_of_each_phase():
     from pipelines.budget import REFERENCE_POLICY_S, STARTUP_S, Plan, Timing, local_seconds
 
-    plan = Plan(steps=3, phases={"seed": {"target": Usage(10, 1000, 0)},
-                                 "steps": {"target": Usage(50, 8000, 40), "judge": Usage(5, 2000, 0), "policy": Usage(6, 900, 200)},
-                                 "select": {"target": Usage(20, 4000, 10)}, "test": {"target": Usage(90, 10000, 90)}})
+    plan = Plan(steps=3, work={"seed": 1000, "steps": 10000, "select": 4000, "test": 10000})
     timing = Timing(tokens_per_s=500.0, workers=2, policy_s_per_candidate=2.0)
     got = local_seconds(plan, timing, candidates=6)
     assert got["seed"] == 1000 / 500  # the seed runs on one worker
-    assert got["steps"] == 3 * ((8000 + 2000) / 1000 + 6 * 2.0)  # the policy's own tokens are its per-candidate time
+    assert got["steps"] == 3 * (10000 / 1000 + 6 * 2.0)
     assert got["select"] == 4 and got["test"] == 10 and got["startup"] == STARTUP_S
     assert got["total"] == sum(v for k, v in got.items() if k != "total")
-    # inputs four times as long: four times the scoring time, the same policy time
-    longer = Plan(steps=3, phases={p: {r: Usage(u.calls, 4 * u.prompt_tokens, u.completion_tokens) for r, u in per.items()}
-                                   for p, per in plan.phases.items()})
-    assert local_seconds(longer, timing, 6)["test"] == 4 * got["test"]
     # a machine half as fast scores and updates the policy at half the rate
     assert Timing.scaled(1000.0, 2).policy_s_per_candidate == 2 * Timing.scaled(2000.0, 2).policy_s_per_candidate
     assert Timing.scaled(1000.0, 2).policy_s_per_candidate > REFERENCE_POLICY_S / 10
+
+
+def test_computed_tokens_count_a_prefix_once_per_call_and_each_pair_s_own_tokens():
+    class Tok:
+        chat_template = None
+
+        def __call__(self, text, add_special_tokens=False):
+            return type("Ids", (), {"input_ids": text.split()})()
+
+    from templates.template import Template
+
+    model = CountingModel(["yes", "no"], Tok(), chat_template=False, served=False)
+    t = Template("one two three {text} four", ("text",))  # a prefix of 3 words, 1 after the input
+    model.score(t, ["a b", "c", "a b"])
+    assert model.work == 3 + (2 + 1) + (1 + 1)  # the prefix once, each new pair's input and what follows it
+    model.score(t, ["a b"])
+    assert model.work == 8  # cached: nothing computed
+    model.answer(Template("x {text} y", ("text",)), ["d e"], 4)
+    assert model.work == 8 + 1 + (2 + 1) + 4  # a new template's prefix, the pair, the answer's new tokens

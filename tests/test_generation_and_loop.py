@@ -126,3 +126,18 @@ def test_finalists_are_re_ranked_on_the_whole_dev_split():
     assert [r["target_calls"] for r in rows] == [7] * 4  # what the scorer counted, carried into the run's total
     assert usage == {"target": Usage(28, 280)}
     assert select_finalists(task, pool, [], 2) == ([], [], {})
+
+
+def test_the_opro_meta_prompt_shows_the_best_instructions_worst_first_with_their_scores():
+    from pipelines.config import load_task
+    from pipelines.generation import history_meta_prompt
+
+    task = load_task("risk")
+    scored = [(f"rule {i}", i / 10) for i in range(8)] + [("rule 1", 0.95)]  # a repeat keeps its best score
+    prompt = history_meta_prompt(task, scored, top=3)
+    lines = prompt.splitlines()
+    assert lines[0] == task.generation.meta_prompt.splitlines()[0] and task.description.strip() in prompt
+    shown = [line for line in lines if line.startswith("Instruction:")]
+    assert shown == ['Instruction: "rule 6" Score: 0.60', 'Instruction: "rule 7" Score: 0.70',
+                     'Instruction: "rule 1" Score: 0.95']
+    assert lines[-1].startswith("Write a new instruction")

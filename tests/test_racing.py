@@ -117,3 +117,33 @@ def test_every_prefix_of_the_stratified_order_holds_the_labels_in_their_shares()
         highs = sum(e.label == "high" for e in ordered[:k])
         assert abs(highs - k / 4) <= 1, (k, highs)
     assert stratified_order([]) == []
+
+
+def test_the_dev_sample_follows_tokens_long_inputs_give_fewer_examples():
+    """scoring.dev_tokens: the dev sample stops at that many input tokens (at least min_dev_examples), the
+    selection sample at twice that; short inputs keep every example asked for."""
+    from pipelines.budget import counting_models, scoring_tokenizer
+    from pipelines.data import Example, Splits, load_splits
+    from pipelines.engine.models import EMBEDDED
+    from pipelines.scoring import CandidateScorer
+
+    task = load_task("risk")
+    tokenizer = scoring_tokenizer(EMBEDDED)
+
+    def scorer(task, splits):
+        return CandidateScorer(task, splits, *counting_models(task, tokenizer, EMBEDDED, None), tokenizer,
+                               reward_examples=100)
+
+    splits = load_splits(task)
+    short = scorer(task, splits)
+    assert len(short.dev) == 100 and len(short.selection) == len(splits.dev)  # SMS messages: all of them
+    words = " ".join(["account"] * 300)  # about 300 tokens an input
+    long_dev = tuple(Example(f"{i} {words}", ("high_risk", "low_risk")[i % 2]) for i in range(200))
+    long = scorer(task, Splits(splits.train, long_dev, splits.test))
+    cfg = task.scoring
+    assert len(long.dev) == cfg.min_dev_examples  # 7,000 tokens hold fewer than 24 such inputs: the floor
+    assert len(long.dev) < len(long.selection) <= 2 * cfg.dev_tokens // 300 + 1
+    assert long.selection[: len(long.dev)] == long.dev  # the selection extends the sample (its cache is reused)
+    assert {e.label for e in long.dev[:4]} == {"high_risk", "low_risk"}
+    unlimited = scorer(task.with_overrides(**{"scoring.dev_tokens": None}), Splits(splits.train, long_dev, splits.test))
+    assert len(unlimited.dev) == 100 and len(unlimited.selection) == 200

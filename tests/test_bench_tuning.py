@@ -1,0 +1,48 @@
+"""scripts/bench_tuning.py --quick: every method at one budget on the small test task, the table's shape, and
+that no method spent more than its budget (the script checks both and exits 2 otherwise; so does this test)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+
+import bench_tuning  # noqa: E402
+
+
+def test_the_bootstrap_interval_holds_the_mean_and_is_the_value_for_one_seed():
+    assert bench_tuning.bootstrap([0.7]) == (0.7, 0.7, 0.7)
+    mean, low, high = bench_tuning.bootstrap([0.6, 0.7, 0.8, 0.75])
+    assert low <= mean <= high and 0.6 <= low and high <= 0.8 and mean == pytest.approx(0.7125)
+
+
+def test_check_names_a_missing_method_and_an_overrun():
+    rows = [{"task": "t", "method": m, "calls": 10, "budget": 10, "within_budget": True} for m in bench_tuning.METHODS]
+    assert bench_tuning.check(rows, ["t"]) == []
+    rows[3] = {**rows[3], "calls": 11, "within_budget": False}
+    assert bench_tuning.check(rows, ["t"]) == ["t PPO: 11 calls > budget 10"]
+    assert "methods" in bench_tuning.check(rows[:-1], ["t"])[0]
+
+
+@pytest.mark.e2e
+def test_quick_bench_runs_every_method_within_one_budget(tmp_path):
+    out = tmp_path / "rows.json"
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_tuning.py"), "--quick", "--out", str(out)],
+                          capture_output=True, text=True, cwd=REPO, timeout=1500)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads(out.read_text())
+    assert [r["method"] for r in rows] == list(bench_tuning.METHODS)
+    budget = rows[0]["budget"]
+    assert budget > 0 and all(r["budget"] == budget and r["calls"] <= budget for r in rows)
+    ran = {r["method"]: r for r in rows if not r["note"].startswith("not run")}
+    assert set(ran) >= {"seed", "best-of-N", "OPRO", "PPO"}
+    for name in ("best-of-N", "OPRO", "PPO"):  # each searched, and its choice has held-out figures
+        assert 0 < ran[name]["calls"] and 0 <= ran[name]["balanced_accuracy"] <= 1 and ran[name]["roc_auc"] is not None
+    assert ran["seed"]["calls"] == 0
+    assert "held-out test split" in done.stdout and "PPO" in done.stdout
