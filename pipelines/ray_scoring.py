@@ -72,6 +72,9 @@ class ScoringWorker:
     def ready(self) -> int:
         return os.getpid()
 
+    def sample_size(self) -> int:
+        return self.scorer.sample_size
+
 
 _DEAD = (ActorDiedError, ActorUnavailableError, RayActorError)
 Call = Callable[[ray.actor.ActorHandle], ray.ObjectRef]  # one worker's remote call, repeatable on a replacement
@@ -95,13 +98,20 @@ class ScoringPool:
         self._worker_args = dict(task=task, splits=splits, target=target, judge=judge, threads=self.cpus,
                                  reward_examples=reward_examples)
         self.workers = [self._start() for _ in range(num_workers)]
-        self.sample_size = min(reward_examples or len(splits.dev), len(splits.dev))  # dev examples in a reward
+        self._sample_size: int | None = None
         self.max_retries = max_retries
         self.replaced = 0  # workers replaced after dying
         self._home: dict[str, int] = {}  # template text -> the worker whose pair cache holds its scores
 
     def _start(self):
         return ScoringWorker.options(num_cpus=self.cpus).remote(**self._worker_args)
+
+    @property
+    def sample_size(self) -> int:
+        """Dev examples in a candidate's reward, as the workers' scorers chose them (``scoring.dev_tokens``)."""
+        if self._sample_size is None:
+            self._sample_size = self._run({0: lambda worker: worker.sample_size.remote()})[0]
+        return self._sample_size
 
     def wait_ready(self) -> None:
         """Block until every worker has loaded its models (so step timings exclude start-up)."""
