@@ -9,10 +9,13 @@ evaluated on the task's test split, which no method reads, under the task's prod
   * OPRO       the same rounds, but each meta-prompt shows the best instructions so far with their rewards
                (`pipelines.generation.history_meta_prompt`), the untrained policy writing;
   * PPO        `pipelines.loop.tune` with the budget (`--max-target-calls`): as many steps as it pays for;
-  * DSPy COPRO, DSPy MIPROv2: not run yet (they need an adapter from DSPy's LM interface to the project's target
-               model); their rows say so, so the table keeps its shape.
-Every method scores candidates through the same racing pool (`pipelines.racing`) and chooses among them the same
-way (`pipelines.loop.select_finalists`: the best by step reward re-measured on the whole dev split).
+  * DSPy COPRO, DSPy MIPROv2: the dspy library's optimizers as shipped, instruction only and zero demos, through
+               `pipelines.dspy_peer` (an adapter to the in-process target model, prompted and parsed as here; the
+               proposer is the same untrained policy model); their own choice, by their own search on train (and
+               for MIPROv2 dev) examples. Without the optional extra (`pip install -e .[bench]`) their rows say
+               "not run", so the table keeps its shape.
+The project's methods score candidates through the same racing pool (`pipelines.racing`) and choose among them
+the same way (`pipelines.loop.select_finalists`: the best by step reward re-measured on the whole dev split).
 
 Per cell: the mean over seeds, a 95% bootstrap interval of that mean (resampling seeds; with one seed it is the
 value itself), the calls each method spent (the largest over seeds) and its wall time. The script exits 2 when
@@ -103,6 +106,24 @@ def run_ppo(task, budget: int, plan, options) -> Outcome:
     return Outcome(tuned, calls, time.perf_counter() - started, f"{report['steps']} steps")
 
 
+def run_dspy(task, splits, method: str, budget: int, seed: int, target, proposer) -> Outcome:
+    """DSPy's COPRO or MIPROv2 (``method``: "copro" or "miprov2") at ``budget`` target calls."""
+    try:
+        from pipelines.dspy_peer import optimize
+    except ImportError:
+        return Outcome(None, 0, 0.0, "not run: pip install -e .[bench]")
+    if method == "miprov2" and importlib.util.find_spec("optuna") is None:
+        return Outcome(None, 0, 0.0, "not run: pip install -e .[bench]")
+    if not isinstance(target, str):
+        return Outcome(None, 0, 0.0, "not run: the DSPy adapter needs an in-process target model, not an endpoint")
+    from pipelines.engine.models import load_causal_lm
+
+    started = time.perf_counter()
+    result = optimize(task, splits, load_causal_lm(target), method, budget, seed, proposer=proposer)
+    return Outcome(task.compose(result["instruction"]), result["target_calls"], time.perf_counter() - started,
+                   result["note"])
+
+
 def bootstrap(values: list[float], resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
     """(mean, low, high): a 95% percentile bootstrap interval of the mean of ``values``."""
     mean = sum(values) / len(values)
@@ -154,9 +175,10 @@ def bench_task(name: str, seeds: list[int], budget: int | None, options, dev_exa
             pool.shutdown()
         outcomes["PPO"].append(run_ppo(task, budget, plan, options))
         chosen["PPO"] = outcomes["PPO"][-1].template
-        for m in ("DSPy COPRO", "DSPy MIPROv2"):
-            why = "dspy is not installed" if importlib.util.find_spec("dspy") is None else "no adapter to the target yet"
-            outcomes[m].append(Outcome(None, 0, 0.0, f"not run: {why}"))
+        for m, method in (("DSPy COPRO", "copro"), ("DSPy MIPROv2", "miprov2")):
+            outcomes[m].append(run_dspy(task, splits, method, budget, seed, options.target, policy))
+            if outcomes[m][-1].template is not None:
+                chosen[m] = outcomes[m][-1].template
         pool = ScoringPool(task, splits, target=options.target, num_workers=options.num_scorers,
                            reward_examples=options.dev_examples)
         try:
