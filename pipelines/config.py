@@ -117,6 +117,10 @@ class RacingConfig(_Strict):
                                 "(the first of its sample); 0: no racing, every candidate on the whole sample")
     keep: int = Field(2, ge=1, description="candidates of a step measured on the rest of the sample (the best by "
                       "reward on the slice); only they can enter the leaderboard")
+    first_tokens: int | None = Field(
+        1500, gt=0, description="input tokens the first slice may hold (at least 12 examples, or first_examples if "
+        "fewer): a task of long inputs, whose dev sample scoring.dev_tokens already shortened, races on fewer "
+        "examples (risk's first 20 messages hold about 630 tokens, snippets' 1,450); null: no limit")
 
 
 class ScoringConfig(_Strict):
@@ -147,6 +151,15 @@ class ScoringConfig(_Strict):
     calibration_examples: int = Field(120, ge=2, description="train examples used to fit the calibrated decision")
     robustness_attacks: tuple[Literal["checklist", "stresstest"], ...] = ("checklist", "stresstest")
     robustness_examples: int = Field(20, ge=2, description="dev examples scored per perturbed template")
+    robustness_tokens: int | None = Field(
+        2000, gt=0, description="input tokens the robustness sample may hold (at least 10 examples, or "
+        "robustness_examples if fewer): each PromptBench variant scores the whole sample again, so a task of long "
+        "inputs perturbs fewer of them (risk's 20 messages hold about 630); null: no limit")
+    entity_tokens: int | None = Field(
+        16000, gt=0, description="input tokens of the entity-bearing inputs that entity_consistency swaps and scores "
+        "again, per template and split (the first ones, at least 24 inputs): a task of long inputs checks a sample "
+        "of its test split rather than all of it; the rate's denominator says how many (the 219 of risk's 400 "
+        "test messages that have entities hold about 11,200); null: every input")
     racing: RacingConfig = RacingConfig()
     dev_tokens: int | None = Field(
         7000, gt=0, description="input tokens a candidate's dev sample may hold (the selection sample: twice that): "

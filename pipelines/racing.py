@@ -48,7 +48,8 @@ def race(measure: Measure, texts: Sequence[str], first_examples: int, keep: int,
 
 def race_candidates(task: TaskConfig, measurer, texts: Sequence[str]) -> tuple[list, list[bool]]:
     """A step's candidates measured as the task races them (``scoring.racing``). ``measurer``: anything with
-    ``measure(texts, examples=...)`` and ``sample_size`` (the Ray ``ScoringPool``, a ``CandidateScorer``)."""
-    racing = task.scoring.racing
-    return race(lambda part, n: measurer.measure(part, examples=n), texts, racing.first_examples, racing.keep,
-                measurer.sample_size)
+    ``measure(texts, examples=...)``, ``sample_size`` and ``first_rung`` (the Ray ``ScoringPool``, a
+    ``CandidateScorer``, which sizes the first slice: ``racing.first_examples``, fewer when their inputs pass
+    ``racing.first_tokens``)."""
+    return race(lambda part, n: measurer.measure(part, examples=n), texts, measurer.first_rung,
+                task.scoring.racing.keep, measurer.sample_size)

@@ -72,8 +72,9 @@ class ScoringWorker:
     def ready(self) -> int:
         return os.getpid()
 
-    def sample_size(self) -> int:
-        return self.scorer.sample_size
+    def sizes(self) -> tuple[int, int]:
+        """(dev examples in a reward, examples in a race's first rung), as the scorer sized them in tokens."""
+        return self.scorer.sample_size, self.scorer.first_rung
 
 
 _DEAD = (ActorDiedError, ActorUnavailableError, RayActorError)
@@ -98,7 +99,7 @@ class ScoringPool:
         self._worker_args = dict(task=task, splits=splits, target=target, judge=judge, threads=self.cpus,
                                  reward_examples=reward_examples)
         self.workers = [self._start() for _ in range(num_workers)]
-        self._sample_size: int | None = None
+        self._sample_sizes: tuple[int, int] | None = None
         self.max_retries = max_retries
         self.replaced = 0  # workers replaced after dying
         self._home: dict[str, int] = {}  # template text -> the worker whose pair cache holds its scores
@@ -109,9 +110,17 @@ class ScoringPool:
     @property
     def sample_size(self) -> int:
         """Dev examples in a candidate's reward, as the workers' scorers chose them (``scoring.dev_tokens``)."""
-        if self._sample_size is None:
-            self._sample_size = self._run({0: lambda worker: worker.sample_size.remote()})[0]
-        return self._sample_size
+        return self._sizes()[0]
+
+    @property
+    def first_rung(self) -> int:
+        """Dev examples in a race's first rung, as the workers' scorers chose them (``racing.first_tokens``)."""
+        return self._sizes()[1]
+
+    def _sizes(self) -> tuple[int, int]:
+        if self._sample_sizes is None:
+            self._sample_sizes = tuple(self._run({0: lambda worker: worker.sizes.remote()})[0])
+        return self._sample_sizes
 
     def wait_ready(self) -> None:
         """Block until every worker has loaded its models (so step timings exclude start-up)."""

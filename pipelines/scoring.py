@@ -232,7 +232,14 @@ class CandidateScorer:
         selection = self.dev + stratified_order(rest)
         self.selection = selection[: self._within_tokens(selection, cfg.dev_tokens and 2 * cfg.dev_tokens, len(self.dev))]
         self.sample_size = len(self.dev)  # dev examples in a step's reward
-        self.robust_sample = self.dev[: cfg.robustness_examples]
+        # a race's first rung (pipelines/racing.py): the first examples of the sample, sized in tokens too
+        racing = cfg.racing
+        rung = self.dev[: racing.first_examples]
+        self.first_rung = self._within_tokens(rung, racing.first_tokens, min(12, len(rung)))
+        # The auxiliary measurements cost what their inputs hold, so they are sized in tokens too: the robustness
+        # sample (each PromptBench variant scores it again) and the inputs whose entities are swapped.
+        robust = self.dev[: cfg.robustness_examples]
+        self.robust_sample = robust[: self._within_tokens(robust, cfg.robustness_tokens, min(10, len(robust)))]
         self.calibration = list(splits.train)[: cfg.calibration_examples]
 
     # --- pieces --------------------------------------------------------------------------------
@@ -309,11 +316,14 @@ class CandidateScorer:
 
     def entity_consistency(self, template: Template, examples: Sequence[Example], rule: DecisionRule,
                            decided: Sequence[str | None]) -> tuple[int, int]:
-        """(kept, inputs with entities): the decision on an input whose entities (phone numbers, amounts, URLs,
-        dates, numbers) were swapped for others of the same type equals the original decision. An input whose
-        answer broke the contract keeps nothing."""
+        """(kept, inputs checked): the decision on an input whose entities (phone numbers, amounts, URLs, dates,
+        numbers) were swapped for others of the same type equals the original decision. The inputs checked are the
+        first with entities whose text fits ``scoring.entity_tokens``. An input whose answer broke the contract
+        keeps nothing."""
         swapped = [(i, swap_entities(e.text, self.task.split.seed)) for i, e in enumerate(examples)]
         swapped = [(i, text) for i, text in swapped if text is not None]
+        # the first of them within ``scoring.entity_tokens`` of input (at least 24): each is scored again
+        swapped = swapped[: self._within_tokens([examples[i] for i, _ in swapped], self.task.scoring.entity_tokens, 24)]
         if not swapped:
             return 0, 0
         variants = [Example(text, examples[i].label) for i, text in swapped]

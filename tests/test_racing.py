@@ -87,6 +87,7 @@ def test_race_candidates_reads_the_task_and_the_sample_size():
 
     class Measurer:
         sample_size = 100
+        first_rung = task.scoring.racing.first_examples
 
         def __init__(self):
             self.script = ScriptedMeasure({f"t{i}": i / 10 for i in range(8)})
@@ -99,9 +100,9 @@ def test_race_candidates_reads_the_task_and_the_sample_size():
     racing = task.scoring.racing
     assert measurer.script.calls[0][1] == racing.first_examples
     assert finished == [i >= 8 - racing.keep for i in range(8)]
-    off = task.with_overrides(**{"scoring.racing.first_examples": 0})
     measurer = Measurer()
-    _, finished = race_candidates(off, measurer, [f"t{i}" for i in range(8)])
+    measurer.first_rung = 0  # racing off
+    _, finished = race_candidates(task, measurer, [f"t{i}" for i in range(8)])
     assert measurer.script.calls == [([f"t{i}" for i in range(8)], None)] and all(finished)
 
 
@@ -119,21 +120,22 @@ def test_every_prefix_of_the_stratified_order_holds_the_labels_in_their_shares()
     assert stratified_order([]) == []
 
 
-def test_the_dev_sample_follows_tokens_long_inputs_give_fewer_examples():
-    """scoring.dev_tokens: the dev sample stops at that many input tokens (at least min_dev_examples), the
-    selection sample at twice that; short inputs keep every example asked for."""
+def scorer(task, splits):
+    """The run's scorer over the counting stand-ins (pipelines/budget.py): what it asks, with no model."""
     from pipelines.budget import counting_models, scoring_tokenizer
-    from pipelines.data import Example, Splits, load_splits
     from pipelines.engine.models import EMBEDDED
     from pipelines.scoring import CandidateScorer
 
-    task = load_task("risk")
     tokenizer = scoring_tokenizer(EMBEDDED)
+    return CandidateScorer(task, splits, *counting_models(task, tokenizer, EMBEDDED, None), tokenizer, reward_examples=100)
 
-    def scorer(task, splits):
-        return CandidateScorer(task, splits, *counting_models(task, tokenizer, EMBEDDED, None), tokenizer,
-                               reward_examples=100)
 
+def test_the_dev_sample_follows_tokens_long_inputs_give_fewer_examples():
+    """scoring.dev_tokens: the dev sample stops at that many input tokens (at least min_dev_examples), the
+    selection sample at twice that; short inputs keep every example asked for."""
+    from pipelines.data import Example, Splits, load_splits
+
+    task = load_task("risk")
     splits = load_splits(task)
     short = scorer(task, splits)
     assert len(short.dev) == 100 and len(short.selection) == len(splits.dev)  # SMS messages: all of them
@@ -147,3 +149,39 @@ def test_the_dev_sample_follows_tokens_long_inputs_give_fewer_examples():
     assert {e.label for e in long.dev[:4]} == {"high_risk", "low_risk"}
     unlimited = scorer(task.with_overrides(**{"scoring.dev_tokens": None}), Splits(splits.train, long_dev, splits.test))
     assert len(unlimited.dev) == 100 and len(unlimited.selection) == 200
+
+
+def test_the_auxiliary_samples_follow_tokens_and_leave_short_inputs_alone():
+    """The race's first rung (racing.first_tokens), the robustness sample (scoring.robustness_tokens) and the
+    inputs whose entities are swapped (scoring.entity_tokens) are sized in input tokens, each with a floor; risk's
+    SMS messages keep the counts the task asks for."""
+    from pipelines.data import Example, Splits, load_splits
+    from templates.decision import DecisionRule
+
+    task = load_task("risk")
+    cfg = task.scoring
+    splits = load_splits(task)
+    short = scorer(task, splits)
+    assert short.first_rung == cfg.racing.first_examples and len(short.robust_sample) == cfg.robustness_examples
+    words = " ".join(["account"] * 300)  # about 300 tokens an input, a phone number in each
+    long_examples = tuple(Example(f"Call 0800{i:06d} {words}", ("high_risk", "low_risk")[i % 2]) for i in range(400))
+    long = scorer(task, Splits(splits.train, long_examples[:200], long_examples))
+    assert long.first_rung == 12 and len(long.robust_sample) == 10  # the floors: 1,500 / 2,000 tokens hold fewer
+    assert long.robust_sample == long.dev[:10]
+    seed = task.seed_template()
+    rule = DecisionRule("argmax", tuple(task.labels), tuple(task.verbalizers))
+    decided = short.decide(rule, short.responses(seed, list(short.splits.test), answers=False))
+    kept, of = short.entity_consistency(seed, list(splits.test), rule, decided)
+    assert of == 219  # every risk test message with an entity is checked
+    test = list(long_examples)
+    decided = long.decide(rule, long.responses(seed, test, answers=False))
+    calls = long.target.usage.calls
+    kept, of = long.entity_consistency(seed, test, rule, decided)
+    each = {long.count_tokens(e.text) for e in test}
+    assert len(each) == 1 and of == cfg.entity_tokens // each.pop()  # the first that fit 16,000 tokens
+    assert long.target.usage.calls - calls == of  # each of them scored again, no more
+    unlimited = scorer(task.with_overrides(**{"scoring.entity_tokens": None, "scoring.robustness_tokens": None,
+                                              "scoring.racing.first_tokens": None}),
+                       Splits(splits.train, long_examples[:200], long_examples))
+    assert unlimited.first_rung == 20 and len(unlimited.robust_sample) == 20
+    assert unlimited.entity_consistency(seed, test, rule, decided)[1] == 400
