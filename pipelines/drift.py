@@ -6,7 +6,8 @@ fresh data; point the task's ``data.source`` at newly labelled data to check on 
 
 * each of the task's promotion thresholds (``promotion.thresholds``: reward component -> minimum), the same
   bars a candidate had to clear to become production: for risk the instruction-following and
-  entity-consistency rates of the target's answers on this split (0.82 / 0.78), so a model or data change
+  entity-consistency rates of the target's answers on this split (0.82 / 0.78; entity swaps on the inputs
+  within ``scoring.entity_tokens``, all of them for risk), so a model or data change
   that breaks the answer format or the decision's stability shows here;
 * the held-out metric (``scoring.metric``, balanced accuracy for risk) under the version's production decision,
   against a bar: ``--min-metric`` if given, else the figure the store recorded for this version on its test

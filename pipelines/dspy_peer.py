@@ -261,7 +261,7 @@ def copro_settings(budget: int, n_train: int) -> dict | None:
     COPRO measures every candidate on the whole trainset, one target call per example, and asks the prompt model
     for breadth-1 candidates (plus the seed instruction) at depth 1 and breadth at each later depth, each one
     measured: at most breadth * depth * examples target calls (fewer when a candidate is invalid and not sent).
-    Depth up to COPRO's default 3 and breadth up to its default 10, at first on 20 examples (the racing slice);
+    Depth up to COPRO's default 3 and breadth up to its default 10, at first on 20 examples (the default racing slice);
     what the budget leaves then buys more examples."""
     if budget < 2 or n_train < 1:
         return None

@@ -1,7 +1,8 @@
 """Racing: a step's candidates first meet a small slice of the dev sample, and only the best go on.
 
-Successive halving in one cut. Every candidate is measured on the first ``racing.first_examples`` examples of
-its dev sample; the ``racing.keep`` best by reward (valid ones only) are measured on the rest of the sample,
+Successive halving in one cut. Every candidate is measured on the first rung, the first examples of its dev
+sample (``racing.first_examples``, fewer when they pass ``racing.first_tokens``: the scorer's ``first_rung``);
+the ``racing.keep`` best by reward (valid ones only) are measured on the rest of the sample,
 and the others keep the reward of the slice. The pair caches make the second rung pay only for the examples
 the first did not score, so a step costs about ``n * first + keep * (sample - first)`` examples instead of
 ``n * sample``.

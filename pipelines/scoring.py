@@ -232,13 +232,16 @@ class CandidateScorer:
         selection = self.dev + stratified_order(rest)
         self.selection = selection[: self._within_tokens(selection, cfg.dev_tokens and 2 * cfg.dev_tokens, len(self.dev))]
         self.sample_size = len(self.dev)  # dev examples in a step's reward
-        # a race's first rung (pipelines/racing.py): the first examples of the sample, sized in tokens too
+        # A race's first rung (pipelines/racing.py): the first examples of the sample, sized in tokens too; no
+        # racing (0, or a slice not smaller than the sample) stays so.
         racing = cfg.racing
         rung = self.dev[: racing.first_examples]
-        self.first_rung = self._within_tokens(rung, racing.first_tokens, min(12, len(rung)))
+        self.first_rung = racing.first_examples if racing.first_examples >= len(self.dev) else \
+            self._within_tokens(rung, racing.first_tokens, min(12, len(rung)))
         # The auxiliary measurements cost what their inputs hold, so they are sized in tokens too: the robustness
-        # sample (each PromptBench variant scores it again) and the inputs whose entities are swapped.
-        robust = self.dev[: cfg.robustness_examples]
+        # sample (each PromptBench variant scores it again; never past the first rung, whose scores are cached)
+        # and the inputs whose entities are swapped (``entity_consistency``).
+        robust = self.dev[: min(cfg.robustness_examples, self.first_rung or cfg.robustness_examples)]
         self.robust_sample = robust[: self._within_tokens(robust, cfg.robustness_tokens, min(10, len(robust)))]
         self.calibration = list(splits.train)[: cfg.calibration_examples]
 
@@ -318,8 +321,8 @@ class CandidateScorer:
                            decided: Sequence[str | None]) -> tuple[int, int]:
         """(kept, inputs checked): the decision on an input whose entities (phone numbers, amounts, URLs, dates,
         numbers) were swapped for others of the same type equals the original decision. The inputs checked are the
-        first with entities whose text fits ``scoring.entity_tokens``. An input whose answer broke the contract
-        keeps nothing."""
+        first with entities whose original texts together fit ``scoring.entity_tokens`` (a sample of a long split;
+        ``of`` says how many). An input whose answer broke the contract keeps nothing."""
         swapped = [(i, swap_entities(e.text, self.task.split.seed)) for i, e in enumerate(examples)]
         swapped = [(i, text) for i, text in swapped if text is not None]
         # the first of them within ``scoring.entity_tokens`` of input (at least 24): each is scored again

@@ -185,3 +185,11 @@ def test_the_auxiliary_samples_follow_tokens_and_leave_short_inputs_alone():
                        Splits(splits.train, long_examples[:200], long_examples))
     assert unlimited.first_rung == 20 and len(unlimited.robust_sample) == 20
     assert unlimited.entity_consistency(seed, test, rule, decided)[1] == 400
+    # racing off stays off: no slice, or a slice not smaller than the sample (race() then measures everything)
+    assert scorer(task.with_overrides(**{"scoring.racing.first_examples": 0}), splits).first_rung == 0
+    whole = scorer(task.with_overrides(**{"scoring.racing.first_examples": 30}), Splits(splits.train, long_examples[:200], long_examples))
+    assert whole.first_rung == 30 >= whole.sample_size == 24
+    # robustness reads no further than the first rung, whose clean scores are cached
+    mid = tuple(Example(f"Call 0800{i:06d} " + " ".join(["account"] * 110), ("high_risk", "low_risk")[i % 2]) for i in range(200))
+    capped = scorer(task, Splits(splits.train, mid, long_examples))
+    assert 10 <= len(capped.robust_sample) <= capped.first_rung < 20
