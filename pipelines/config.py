@@ -157,9 +157,10 @@ class ScoringConfig(_Strict):
         "inputs perturbs fewer of them (risk's 20 messages hold about 630); null: no limit")
     entity_tokens: int | None = Field(
         16000, gt=0, description="classification tasks: input tokens of the entity-bearing inputs that "
-        "entity_consistency swaps and scores again, per template and sample or split (the first ones, at least 24 inputs): a task of long inputs checks a sample "
-        "of its test split rather than all of it; the rate's denominator says how many (the 219 of risk's 400 "
-        "test messages that have entities hold about 11,200); null: every input")
+        "entity_consistency swaps and scores again, per template and sample or split (the first ones, at least 24 "
+        "inputs): a task of long inputs checks a sample of its test split rather than all of it; the rate's "
+        "denominator says how many (the 219 of risk's 400 test messages that have entities hold about 11,200); "
+        "null: every input")
     racing: RacingConfig = RacingConfig()
     dev_tokens: int | None = Field(
         7000, gt=0, description="input tokens a candidate's dev sample may hold (the selection sample: twice that): "
