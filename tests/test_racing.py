@@ -127,7 +127,8 @@ def scorer(task, splits):
     from pipelines.scoring import CandidateScorer
 
     tokenizer = scoring_tokenizer(EMBEDDED)
-    return CandidateScorer(task, splits, *counting_models(task, tokenizer, EMBEDDED, None), tokenizer, reward_examples=100)
+    return CandidateScorer(task, splits, *counting_models(task, tokenizer, EMBEDDED, None), tokenizer,
+                           reward_examples=100)
 
 
 def test_the_dev_sample_follows_tokens_long_inputs_give_fewer_examples():
@@ -187,9 +188,11 @@ def test_the_auxiliary_samples_follow_tokens_and_leave_short_inputs_alone():
     assert unlimited.entity_consistency(seed, test, rule, decided)[1] == 400
     # racing off stays off: no slice, or a slice not smaller than the sample (race() then measures everything)
     assert scorer(task.with_overrides(**{"scoring.racing.first_examples": 0}), splits).first_rung == 0
-    whole = scorer(task.with_overrides(**{"scoring.racing.first_examples": 30}), Splits(splits.train, long_examples[:200], long_examples))
+    whole = scorer(task.with_overrides(**{"scoring.racing.first_examples": 30}),
+                   Splits(splits.train, long_examples[:200], long_examples))
     assert whole.first_rung == 30 >= whole.sample_size == 24
     # robustness reads no further than the first rung, whose clean scores are cached
-    mid = tuple(Example(f"Call 0800{i:06d} " + " ".join(["account"] * 110), ("high_risk", "low_risk")[i % 2]) for i in range(200))
+    mid = tuple(Example(f"Call 0800{i:06d} " + " ".join(["account"] * 110), ("high_risk", "low_risk")[i % 2])
+                for i in range(200))
     capped = scorer(task, Splits(splits.train, mid, long_examples))
     assert 10 <= len(capped.robust_sample) <= capped.first_rung < 20
