@@ -650,3 +650,4 @@ class RunOptions:
     progress: bool = True
     max_target_calls: int | None = None  # budget: calls to the target (pipelines/budget.py); None: no cap
     max_tokens: int | None = None  # budget: prompt + completion tokens of the target and the judge; None: no cap
+    final_test: bool = True  # False: stop after the selection (no test, gate or store); report the finalists

@@ -180,6 +180,14 @@ def _run(task, options, pool, learner, tokenizer, tracker, state: LoopState, run
     for row in shortlist:
         row["step"] = first_seen.get(row["template"], row["step"])
     timings["timing/select_s"] = time.perf_counter() - t
+    if not options.final_test:  # a caller that tests the choice itself (scripts/bench_tuning.py)
+        state.charge("select", select_usage)
+        _save_checkpoint(run_dir, learner, state)
+        spent = state.spent()
+        return {"task": task.name, "run_dir": str(run_dir), "steps": state.step, "stopped": state.stopped,
+                "usage": {"total": {role: u.as_dict() for role, u in spent.items()}, "phases": state.usage},
+                "finalists": finalists, "test": [], "shortlist": shortlist, "history": state.history,
+                "timings": timings}
     # 7. test: the seed template against the finalists on the held-out split
     t = time.perf_counter()
     log(f"evaluating the seed and {len(finalists)} finalist{'' if len(finalists) == 1 else 's'} "

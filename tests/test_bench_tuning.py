@@ -30,13 +30,31 @@ def test_check_names_a_missing_method_and_an_overrun():
     assert "methods" in bench_tuning.check(rows[:-1], ["t"])[0]
 
 
+def test_the_ledger_reads_back_only_its_own_fingerprint_and_survives_a_cut_line(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    ledger = bench_tuning.Ledger(str(path), "abc")
+    ledger.add("risk/seed 0/PPO", kind="search", template="T", calls=5, wall_s=1.0, note="")
+    bench_tuning.Ledger(str(path), "other").add("risk/seed 0/PPO", kind="search", template="U", calls=6)
+    with path.open("a") as f:
+        f.write('{"fingerprint": "abc", "key": "risk/se')  # a kill in the middle of a write
+    again = bench_tuning.Ledger(str(path), "abc")
+    assert again.get("risk/seed 0/PPO")["template"] == "T" and again.other == 2
+    assert bench_tuning.Ledger(None, "abc").records == {}
+
+
 @pytest.mark.e2e
 def test_quick_bench_runs_every_method_within_one_budget(tmp_path):
-    out = tmp_path / "rows.json"
-    done = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_tuning.py"), "--quick", "--out", str(out)],
-                          capture_output=True, text=True, cwd=REPO, timeout=1500)
+    out, ledger = tmp_path / "rows.json", tmp_path / "ledger.jsonl"
+    command = [sys.executable, str(REPO / "scripts" / "bench_tuning.py"), "--quick", "--ledger", str(ledger)]
+    done = subprocess.run([*command, "--out", str(out)], capture_output=True, text=True, cwd=REPO, timeout=1500)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads(out.read_text())
+    # run again on the same ledger: every search and test is read back, nothing runs, the same table
+    again = subprocess.run([*command, "--out", str(tmp_path / "again.json")], capture_output=True, text=True,
+                           cwd=REPO, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "read back" in again.stderr and "seed 0: " not in again.stderr
+    assert json.loads((tmp_path / "again.json").read_text()) == rows
     assert [r["method"] for r in rows] == list(bench_tuning.METHODS)
     budget = rows[0]["budget"]
     assert budget > 0 and all(r["budget"] == budget and r["calls"] <= budget for r in rows)
@@ -45,4 +63,6 @@ def test_quick_bench_runs_every_method_within_one_budget(tmp_path):
     for name in ("best-of-N", "OPRO", "PPO"):  # each searched, and its choice has held-out figures
         assert 0 < ran[name]["calls"] and 0 <= ran[name]["balanced_accuracy"] <= 1 and ran[name]["roc_auc"] is not None
     assert ran["seed"]["calls"] == 0
+    for row in ran.values():  # next to each choice: its contract rate and the judge's grade of its text
+        assert 0 <= row["instruction_following"] <= 1 and 0 <= row["readability"] <= 1
     assert "held-out test split" in done.stdout and "PPO" in done.stdout
