@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Callable, Sequence
 
 import ray
@@ -198,7 +199,16 @@ class ScoringPool:
                 raise (cause if isinstance(cause, Exception) else exc.as_instanceof_cause()) from None
         return results
 
-    def shutdown(self) -> None:
+    def shutdown(self, wait_s: float = 30.0) -> None:
+        """Kill the workers, then wait (at most ``wait_s``) until Ray counts their CPUs free again: a pool started
+        right after gets its full share of workers instead of fewer (Ray frees a killed actor's CPUs a moment
+        later)."""
+        free = ray.available_resources().get("CPU", 0) if ray.is_initialized() else 0
+        total = ray.cluster_resources().get("CPU", 0) if ray.is_initialized() else 0
+        want = min(total, free + self.cpus * len(self.workers))
         for worker in self.workers:
             ray.kill(worker)
         self.workers = []
+        deadline = time.monotonic() + wait_s
+        while ray.is_initialized() and ray.available_resources().get("CPU", 0) < want and time.monotonic() < deadline:
+            time.sleep(0.1)
