@@ -113,6 +113,24 @@ def test_a_dead_scoring_actor_is_replaced_and_the_step_completes(ray_session):
     pool.shutdown()
 
 
+def test_a_pool_started_right_after_another_shut_down_gets_all_its_workers(ray_session):
+    import ray
+
+    from pipelines.config import load_task
+    from pipelines.data import load_splits
+    from pipelines.ray_scoring import ScoringPool, init_ray
+
+    task = load_task(SMALL_TASK)
+    splits = load_splits(task)
+    init_ray()
+    cpus = int(ray.cluster_resources()["CPU"])
+    for _ in range(2):  # without the wait in shutdown the second pool finds CPUs still held: fewer workers
+        pool = ScoringPool(task, splits, target="embedded:smollm2-135m-instruct", num_workers=cpus)
+        assert len(pool.workers) == cpus
+        pool.wait_ready()
+        pool.shutdown()
+
+
 @pytest.mark.slow
 def test_resume_completes_a_run_killed_after_a_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
