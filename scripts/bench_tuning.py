@@ -285,8 +285,6 @@ def load_bench_splits(task, test_examples: int):
 
 def bench_task(name: str, seeds: list[int], budget: int | None, options, test_examples: int,
                ledger_path: str | None, log=print) -> list[dict]:
-    import hashlib as _hashlib
-
     from pipelines.budget import estimate, scoring_tokenizer
     from pipelines.config import load_task
     from pipelines.ray_scoring import ScoringPool, init_ray
@@ -304,7 +302,7 @@ def bench_task(name: str, seeds: list[int], budget: int | None, options, test_ex
     figures: dict[str, list[dict]] = {m: [] for m in METHODS}
 
     def test_key(text: str) -> str:
-        return f"{base.name}/test/{_hashlib.sha256(text.encode()).hexdigest()[:16]}"
+        return f"{base.name}/test/{hashlib.sha256(text.encode()).hexdigest()[:16]}"
 
     def test_untested(task, texts: list[str], seed: int) -> None:
         untested = [text for text in dict.fromkeys(texts) if ledger.get(test_key(text)) is None]
