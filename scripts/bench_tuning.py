@@ -284,7 +284,7 @@ def load_bench_splits(task, test_examples: int):
 
 
 def bench_task(name: str, seeds: list[int], budget: int | None, options, test_examples: int,
-               ledger_path: str | None, log=print) -> list[dict]:
+               ledger_path: str | None, log=print, methods: tuple[str, ...] = METHODS) -> list[dict]:
     from pipelines.budget import estimate, scoring_tokenizer
     from pipelines.config import load_task
     from pipelines.ray_scoring import ScoringPool, init_ray
@@ -327,7 +327,9 @@ def bench_task(name: str, seeds: list[int], budget: int | None, options, test_ex
         for i, method in enumerate(METHODS):
             key = f"{base.name}/seed {seed}/{method}"
             record = ledger.get(key)
-            if record is None:
+            if record is None and method not in methods and method != "seed":  # left for a later run
+                outcome = Outcome(None, 0, 0.0, "not run: not in --methods")
+            elif record is None:
                 log(f"{base.name}, seed {seed}: {method} ...")
                 outcome = run_method(method, task, splits, budget, plan, seed, options)
                 if outcome.template is not None:  # "not run" is not recorded: a run with the extra fills it in
@@ -404,6 +406,9 @@ def main() -> int:
                         help="examples in the test split where the data allow (else the task's own)")
     parser.add_argument("--ledger", help="append each finished search and test here, and read back those of an "
                                          "earlier run with the same settings and code (resumable)")
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS),
+                        help="run only these methods; the others are read back from --ledger where it has them "
+                             "(to spend a short session on the cheap methods across seeds first)")
     parser.add_argument("--quick", action="store_true", help="the small test task, seed 0, a budget of one step (CI)")
     parser.add_argument("--out", help="also write the rows as JSON here")
     args = parser.parse_args()
@@ -417,7 +422,7 @@ def main() -> int:
     rows = []
     for name in args.tasks:
         rows += bench_task(name, args.seeds, args.budget, options, args.test_examples, args.ledger,
-                           log=lambda *a: print(*a, file=sys.stderr, flush=True))
+                           log=lambda *a: print(*a, file=sys.stderr, flush=True), methods=tuple(args.methods))
         print(table([r for r in rows if r["task"] == rows[-1]["task"]], [k for k in rows[-1] if k not in HIDDEN]),
               flush=True)
     recorded = sum(r["wall_s"] * r["seeds"] for r in rows) + sum(r["test_wall_s"] for r in rows)

@@ -69,3 +69,46 @@ def test_quick_bench_runs_every_method_within_one_budget(tmp_path):
     for row in ran.values():  # next to each choice: its contract rate and the judge's grade of its text
         assert 0 <= row["instruction_following"] <= 1 and 0 <= row["readability"] <= 1
     assert "held-out test split" in done.stdout and "PPO" in done.stdout
+
+
+def test_methods_left_out_are_not_run_and_a_later_run_reads_back_the_others(tmp_path, monkeypatch):
+    """``--methods``: a short session runs only some methods; the rest keep their rows ("not run") and a later
+    run with every method runs only what the ledger lacks. Searches and the test pool are scripted here."""
+    import pipelines.ray_scoring as ray_scoring
+    from pipelines.config import RunOptions
+
+    ran, tested = [], []
+
+    class Pool:
+        def __init__(self, *args, **kwargs): ...
+
+        def evaluate(self, texts, split, latency):
+            tested.extend(texts)
+            return texts
+
+        def shutdown(self): ...
+
+    monkeypatch.setattr(ray_scoring, "ScoringPool", Pool)
+    monkeypatch.setattr(ray_scoring, "init_ray", lambda: None)
+    monkeypatch.setattr(bench_tuning, "run_method", lambda method, task, splits, budget, plan, seed, options:
+                        ran.append((seed, method)) or bench_tuning.Outcome(f"{method} {seed}", 1, 0.1))
+    monkeypatch.setattr(bench_tuning, "test_figures", lambda task, text: {
+        task.scoring.metric: 0.5, "roc_auc": 0.6, "instruction_following": 1.0, "readability": 0.4,
+        "instruction": text})
+    options = RunOptions(steps=1, wandb_mode="disabled", progress=False, dev_examples=12)
+    ledger = str(tmp_path / "ledger.jsonl")
+
+    def bench(methods):
+        return bench_tuning.bench_task(bench_tuning.QUICK_TASK, [0, 1], None, options, 0, ledger,
+                                       log=lambda *a: None, methods=methods)
+
+    rows = bench(("best-of-N",))
+    assert ran == [(0, "seed"), (0, "best-of-N"), (1, "seed"), (1, "best-of-N")]  # the seed always: it is free
+    assert sorted(tested) == ["best-of-N 0", "best-of-N 1", "seed 0", "seed 1"]
+    assert [r["method"] for r in rows] == list(bench_tuning.METHODS) and bench_tuning.check(rows, ["t"]) == []
+    left = [r for r in rows if r["method"] not in ("seed", "best-of-N")]
+    assert all(r["note"].startswith("not run") and r["roc_auc"] is None for r in left)
+    ran.clear()
+    rows = bench(bench_tuning.METHODS)
+    assert ran == [(s, m) for s in (0, 1) for m in bench_tuning.METHODS if m not in ("seed", "best-of-N")]
+    assert all(r["roc_auc"] == 0.6 for r in rows)
