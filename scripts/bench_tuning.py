@@ -21,7 +21,7 @@ Each search gets a pool of its own, so no method reads another's cached scores.
 The test split holds ``--test-examples`` (1,000) where the data allow, else the task's own size (the note says
 so); it is carved out before dev and train, so every method of a task sees the same three splits.
 
-Per cell: the mean over seeds, a 95% bootstrap interval of that mean (resampling seeds; with one seed it is the
+Per cell: the seeds it ran on, the mean over them, a 95% bootstrap interval of that mean (resampling seeds; with one seed it is the
 value itself), the calls each method spent (the largest over seeds) and its wall time. Next to each method's
 choice: the share of its test answers that keep the output contract, and the judge's grade of its template
 (the task's template rubric, readability: P(yes) of the small judge). The script exits 2 when a method spent
@@ -350,7 +350,7 @@ def bench_task(name: str, seeds: list[int], budget: int | None, options, test_ex
     for m in METHODS:
         runs = outcomes[m]
         ran = [o for o in runs if o.template is not None]
-        row = {"task": base.name, "method": m, "seeds": len(seeds), "test": len(splits.test), "budget": budget,
+        row = {"task": base.name, "method": m, "seeds": len(ran), "test": len(splits.test), "budget": budget,
                "calls": max(o.calls for o in runs), "within_budget": all(o.calls <= budget for o in runs),
                "wall_s": round(sum(o.wall_s for o in ran) / len(ran), 1) if ran else 0.0,
                "note": "; ".join(filter(None, [runs[-1].note, split_note]))}

@@ -107,7 +107,8 @@ def test_methods_left_out_are_not_run_and_a_later_run_reads_back_the_others(tmp_
     assert sorted(tested) == ["best-of-N 0", "best-of-N 1", "seed 0", "seed 1"]
     assert [r["method"] for r in rows] == list(bench_tuning.METHODS) and bench_tuning.check(rows, ["t"]) == []
     left = [r for r in rows if r["method"] not in ("seed", "best-of-N")]
-    assert all(r["note"].startswith("not run") and r["roc_auc"] is None for r in left)
+    assert all(r["note"].startswith("not run") and r["roc_auc"] is None and r["seeds"] == 0 for r in left)
+    assert {r["method"]: r["seeds"] for r in rows if r not in left} == {"seed": 2, "best-of-N": 2}
     ran.clear()
     rows = bench(bench_tuning.METHODS)
     assert ran == [(s, m) for s in (0, 1) for m in bench_tuning.METHODS if m not in ("seed", "best-of-N")]
