@@ -21,8 +21,8 @@ Each search gets a pool of its own, so no method reads another's cached scores.
 The test split holds ``--test-examples`` (1,000) where the data allow, else the task's own size (the note says
 so); it is carved out before dev and train, so every method of a task sees the same three splits.
 
-Per cell: the seeds it ran on, the mean over them, a 95% bootstrap interval of that mean (resampling seeds; with one seed it is the
-value itself), the calls each method spent (the largest over seeds) and its wall time. Next to each method's
+Per cell: the seeds it ran on, the mean over them, a 95% bootstrap interval of that mean (resampling seeds;
+with one seed it is the value itself), the calls each method spent (the largest over seeds) and its wall time. Next to each method's
 choice: the share of its test answers that keep the output contract, and the judge's grade of its template
 (the task's template rubric, readability: P(yes) of the small judge). The script exits 2 when a method spent
 more than its budget, or a row is missing.
