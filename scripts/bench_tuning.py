@@ -353,7 +353,7 @@ def bench_task(name: str, seeds: list[int], budget: int | None, options, test_ex
         row = {"task": base.name, "method": m, "seeds": len(ran), "test": len(splits.test), "budget": budget,
                "calls": max(o.calls for o in runs), "within_budget": all(o.calls <= budget for o in runs),
                "wall_s": round(sum(o.wall_s for o in ran) / len(ran), 1) if ran else 0.0,
-               "note": "; ".join(filter(None, [runs[-1].note, split_note]))}
+               "note": "; ".join(filter(None, [(ran or runs)[-1].note, split_note]))}
         for col in (metric, "roc_auc"):
             values = [f[col] for f in figures[m] if f[col] is not None]
             if values:
