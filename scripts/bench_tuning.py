@@ -35,6 +35,7 @@ and this script's methods, the task, the budget and split sizes, the models, the
     .venv/bin/python scripts/bench_tuning.py [--tasks risk sentiment] [--seeds 0 1 2] [--budget CALLS]
     .venv/bin/python scripts/bench_tuning.py --quick      # CI: the small test task, one seed, a tiny budget
     .venv/bin/python scripts/bench_tuning.py --ledger scripts/results/bench_tuning.jsonl   # resumable
+    .venv/bin/python scripts/bench_tuning.py --methods seed PPO --set ppo.advantage_estimator=rloo   # a variant
 
 The default budget is what the task's default run spends before its test (the seed, its steps, the selection),
 as `--estimate` prices it.
@@ -55,6 +56,8 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -283,17 +286,30 @@ def load_bench_splits(task, test_examples: int):
     return task, splits, f"test split of {len(splits.test)}" if test_examples > len(splits.test) else ""
 
 
+def default_budget(plan, options) -> int:
+    """What the task's default run spends before its test: the seed, its steps, the selection."""
+    return sum(plan.phases[p]["target"].calls * (options.steps if p == "steps" else 1)
+               for p in ("seed", "steps", "select"))
+
+
+def test_key(task_name: str, text: str) -> str:
+    """The ledger key of one template's test evaluation (shared by every method that chose it)."""
+    return f"{task_name}/test/{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+
+
 def bench_task(name: str, seeds: list[int], budget: int | None, options, test_examples: int,
-               ledger_path: str | None, log=print, methods: tuple[str, ...] = METHODS) -> list[dict]:
+               ledger_path: str | None, log=print, methods: tuple[str, ...] = METHODS,
+               overrides: dict | None = None) -> list[dict]:
     from pipelines.budget import estimate, scoring_tokenizer
     from pipelines.config import load_task
     from pipelines.ray_scoring import ScoringPool, init_ray
 
     base, splits, split_note = load_bench_splits(load_task(name), test_examples)
+    if overrides:  # a variant of the task (e.g. ppo.advantage_estimator): a fingerprint of its own
+        base = base.with_overrides(**overrides)
+    label = " ".join([base.name, *(f"{k}={v}" for k, v in (overrides or {}).items())])
     plan = estimate(base, options, splits, scoring_tokenizer(options.target))
-    if budget is None:  # the default run's search: the seed, its steps, the selection
-        budget = sum(plan.phases[p]["target"].calls * (options.steps if p == "steps" else 1)
-                     for p in ("seed", "steps", "select"))
+    budget = default_budget(plan, options) if budget is None else budget
     ledger = Ledger(ledger_path, fingerprint(base, options, budget, splits))
     if ledger.records:
         log(f"{base.name}: {len(ledger.records)} finished searches and tests read back from {ledger_path}")
@@ -301,11 +317,8 @@ def bench_task(name: str, seeds: list[int], budget: int | None, options, test_ex
     outcomes: dict[str, list[Outcome]] = {m: [] for m in METHODS}
     figures: dict[str, list[dict]] = {m: [] for m in METHODS}
 
-    def test_key(text: str) -> str:
-        return f"{base.name}/test/{hashlib.sha256(text.encode()).hexdigest()[:16]}"
-
     def test_untested(task, texts: list[str], seed: int) -> None:
-        untested = [text for text in dict.fromkeys(texts) if ledger.get(test_key(text)) is None]
+        untested = [text for text in dict.fromkeys(texts) if ledger.get(test_key(base.name, text)) is None]
         if not untested:
             return
         log(f"{base.name}, seed {seed}: {len(untested)} choice(s) on the {len(splits.test)}-example test split ...")
@@ -319,7 +332,7 @@ def bench_task(name: str, seeds: list[int], budget: int | None, options, test_ex
             pool.shutdown()
         wall = (time.perf_counter() - started) / len(untested)
         for text, ev in zip(untested, evaluations):
-            ledger.add(test_key(text), kind="test", wall_s=wall, **test_figures(task, ev))
+            ledger.add(test_key(base.name, text), kind="test", wall_s=wall, **test_figures(task, ev))
 
     for seed in seeds:
         task = base.with_overrides(**{"ppo.seed": seed})
@@ -341,16 +354,16 @@ def bench_task(name: str, seeds: list[int], budget: int | None, options, test_ex
                 chosen[method] = outcome.template
             # choices are tested as soon as there is one per scoring worker (a template is tested on one
             # worker), so an interrupted run keeps what it finished
-            pending = [t for t in dict.fromkeys(chosen.values()) if ledger.get(test_key(t)) is None]
+            pending = [t for t in dict.fromkeys(chosen.values()) if ledger.get(test_key(base.name, t)) is None]
             if len(pending) >= options.num_scorers or i == len(METHODS) - 1:
                 test_untested(task, pending, seed)
         for m, text in chosen.items():
-            figures[m].append(ledger.get(test_key(text)))
+            figures[m].append(ledger.get(test_key(base.name, text)))
     rows = []
     for m in METHODS:
         runs = outcomes[m]
         ran = [o for o in runs if o.template is not None]
-        row = {"task": base.name, "method": m, "seeds": len(ran), "test": len(splits.test), "budget": budget,
+        row = {"task": label, "method": m, "seeds": len(ran), "test": len(splits.test), "budget": budget,
                "calls": max(o.calls for o in runs), "within_budget": all(o.calls <= budget for o in runs),
                "wall_s": round(sum(o.wall_s for o in ran) / len(ran), 1) if ran else 0.0,
                "note": "; ".join(filter(None, [(ran or runs)[-1].note, split_note]))}
@@ -409,11 +422,26 @@ def main() -> int:
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS),
                         help="run only these methods; the others are read back from --ledger where it has them "
                              "(to spend a short session on the cheap methods across seeds first)")
+    parser.add_argument("--set", nargs="+", default=[], metavar="SECTION.KEY=VALUE",
+                        help="change the tasks' settings, e.g. ppo.advantage_estimator=rloo (a variant is a "
+                             "fingerprint of its own in the ledger; its rows name the change)")
     parser.add_argument("--quick", action="store_true", help="the small test task, seed 0, a budget of one step (CI)")
     parser.add_argument("--out", help="also write the rows as JSON here")
     args = parser.parse_args()
 
-    from pipelines.config import RunOptions
+    from pipelines.config import ConfigError, RunOptions
+
+    overrides = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            print(f"error: --set {item!r} is not SECTION.KEY=VALUE. Fix: e.g. --set ppo.advantage_estimator=rloo",
+                  file=sys.stderr)
+            return 2
+        try:
+            overrides[key] = yaml.safe_load(value) if value else value
+        except yaml.YAMLError:
+            overrides[key] = value  # not a YAML scalar: the task's validation says whether a string fits
 
     if args.quick:
         args.tasks, args.seeds, args.steps, args.dev_examples, args.test_examples = [QUICK_TASK], [0], 1, 12, 0
@@ -421,8 +449,13 @@ def main() -> int:
     started = time.perf_counter()
     rows = []
     for name in args.tasks:
-        rows += bench_task(name, args.seeds, args.budget, options, args.test_examples, args.ledger,
-                           log=lambda *a: print(*a, file=sys.stderr, flush=True), methods=tuple(args.methods))
+        try:
+            rows += bench_task(name, args.seeds, args.budget, options, args.test_examples, args.ledger,
+                               log=lambda *a: print(*a, file=sys.stderr, flush=True), methods=tuple(args.methods),
+                               overrides=overrides)
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         print(table([r for r in rows if r["task"] == rows[-1]["task"]], [k for k in rows[-1] if k not in HIDDEN]),
               flush=True)
     recorded = sum(r["wall_s"] * r["seeds"] for r in rows) + sum(r["test_wall_s"] for r in rows)

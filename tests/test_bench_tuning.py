@@ -113,3 +113,56 @@ def test_methods_left_out_are_not_run_and_a_later_run_reads_back_the_others(tmp_
     rows = bench(bench_tuning.METHODS)
     assert ran == [(s, m) for s in (0, 1) for m in bench_tuning.METHODS if m not in ("seed", "best-of-N")]
     assert all(r["roc_auc"] == 0.6 for r in rows)
+
+
+def test_a_task_variant_is_a_fingerprint_of_its_own_and_its_rows_name_the_change(tmp_path, monkeypatch):
+    """``--set ppo.advantage_estimator=rloo``: the variant's searches are not the plain task's records (nor the
+    other way round), and its rows say which setting changed. Searches and the test pool are scripted."""
+    import pipelines.ray_scoring as ray_scoring
+    from pipelines.config import RunOptions
+
+    ran = []
+
+    class Pool:
+        def __init__(self, task, *args, **kwargs):
+            self.task = task
+
+        def evaluate(self, texts, split, latency):
+            return texts
+
+        def shutdown(self): ...
+
+    monkeypatch.setattr(ray_scoring, "ScoringPool", Pool)
+    monkeypatch.setattr(ray_scoring, "init_ray", lambda: None)
+    monkeypatch.setattr(bench_tuning, "run_method", lambda method, task, splits, budget, plan, seed, options:
+                        ran.append((task.ppo.advantage_estimator, method)) or bench_tuning.Outcome(method, 1, 0.1))
+    monkeypatch.setattr(bench_tuning, "test_figures", lambda task, text: {
+        task.scoring.metric: 0.5, "roc_auc": 0.6, "instruction_following": 1.0, "readability": 0.4,
+        "instruction": text})
+    options = RunOptions(steps=1, wandb_mode="disabled", progress=False, dev_examples=12)
+    ledger = str(tmp_path / "ledger.jsonl")
+
+    def bench(overrides=None):
+        return bench_tuning.bench_task(bench_tuning.QUICK_TASK, [0], None, options, 0, ledger, log=lambda *a: None,
+                                       methods=("PPO",), overrides=overrides)
+
+    plain = bench()
+    variant = bench({"ppo.advantage_estimator": "rloo"})
+    assert ran == [("gae", "seed"), ("gae", "PPO"), ("rloo", "seed"), ("rloo", "PPO")]  # nothing read across
+    assert {r["task"] for r in plain} == {"risk-small"}
+    assert {r["task"] for r in variant} == {"risk-small ppo.advantage_estimator=rloo"}
+    ran.clear()
+    bench({"ppo.advantage_estimator": "rloo"})
+    assert ran == []  # the variant's own records are read back
+
+
+@pytest.mark.parametrize("setting, message", [("nope", "is not SECTION.KEY=VALUE"),
+                                              ("ppo.nothing=1", "unknown setting 'ppo.nothing'"),
+                                              ("ppo.advantage_estimator=bogus", "is invalid")])
+def test_a_bad_set_exits_2_with_one_line_and_runs_nothing(setting, message, tmp_path, monkeypatch, capsys):
+    ledger = tmp_path / "ledger.jsonl"
+    monkeypatch.setattr(sys, "argv", ["bench_tuning.py", "--quick", "--ledger", str(ledger), "--set", setting])
+    monkeypatch.setattr(bench_tuning, "run_method", lambda *a: pytest.fail("a method ran"))
+    assert bench_tuning.main() == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0] and not ledger.exists()
