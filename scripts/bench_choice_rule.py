@@ -14,6 +14,7 @@ from the ledger's test records (no test call is made). Per (task, method): the m
 bootstrap interval (over seeds), without and with the guard, and how often the guard kept the seed.
 
     .venv/bin/python scripts/bench_choice_rule.py --ledger scripts/results/bench_tuning.jsonl [--tasks risk sentiment]
+        [--alpha 0.05 0.2 0.5]   # the guard's level (0.05, chosen before any figure was seen); more: sensitivity
 """
 
 from __future__ import annotations
@@ -56,8 +57,8 @@ def guarded(gain: float, p: float, alpha: float) -> bool:
     return not (gain > 0 and p < alpha)
 
 
-def analyse(name: str, seeds: list[int], options, test_examples: int, ledger_path: str, alpha: float,
-            log=print) -> list[dict]:
+def analyse(name: str, seeds: list[int], options, test_examples: int, ledger_path: str,
+            alphas: list[float], log=print) -> list[dict]:
     from pipelines.budget import estimate, scoring_tokenizer
     from pipelines.config import load_task
     from pipelines.scoring import build_scorer
@@ -83,21 +84,22 @@ def analyse(name: str, seeds: list[int], options, test_examples: int, ledger_pat
     log(f"{name}: the seed and {len(set(choices.values()))} choice(s) on the {len(examples)}-example selection sample ...")
     logprobs = {text: scorer.label_logprobs(scorer.validate(text).template, examples)
                 for text in dict.fromkeys([seed_text, *choices.values()])}
-    rows, per = [], {}
+    per = {}
     for (s, m), text in choices.items():
         gain, p = paired_gain(logprobs[seed_text], logprobs[text], gold, labels, rng_seed=s)
-        keep_seed = guarded(gain, p, alpha)
-        shipped = seed_test if keep_seed else ledger.get(bench.test_key(base.name, text))
-        per.setdefault(m, []).append({"seed": s, "dev_gain": round(gain, 4), "p": p, "kept_seed": keep_seed,
-                                      "test": ledger.get(bench.test_key(base.name, text))[metric],
-                                      "test_guarded": shipped[metric]})
-    for m, runs in per.items():
-        mean, low, high = bench.bootstrap([r["test"] for r in runs])
-        g_mean, g_low, g_high = bench.bootstrap([r["test_guarded"] for r in runs])
-        rows.append({"task": base.name, "method": m, "seeds": len(runs), f"seed_{metric}": round(seed_test[metric], 3),
-                     metric: round(mean, 3), f"{metric}_95": f"[{low:.3f}, {high:.3f}]",
-                     f"guarded_{metric}": round(g_mean, 3), f"guarded_{metric}_95": f"[{g_low:.3f}, {g_high:.3f}]",
-                     "kept_seed": f"{sum(r['kept_seed'] for r in runs)}/{len(runs)}", "per_seed": runs})
+        per.setdefault(m, []).append({"seed": s, "dev_gain": round(gain, 4), "p": p,
+                                      "test": ledger.get(bench.test_key(base.name, text))[metric]})
+    rows = []
+    for alpha in alphas:
+        for m, runs in per.items():
+            kept = [guarded(r["dev_gain"], r["p"], alpha) for r in runs]
+            mean, low, high = bench.bootstrap([r["test"] for r in runs])
+            g_mean, g_low, g_high = bench.bootstrap([seed_test[metric] if k else r["test"] for r, k in zip(runs, kept)])
+            rows.append({"task": base.name, "method": m, "alpha": alpha, "seeds": len(runs),
+                         f"seed_{metric}": round(seed_test[metric], 3), metric: round(mean, 3),
+                         f"{metric}_95": f"[{low:.3f}, {high:.3f}]", f"guarded_{metric}": round(g_mean, 3),
+                         f"guarded_{metric}_95": f"[{g_low:.3f}, {g_high:.3f}]",
+                         "kept_seed": f"{sum(kept)}/{len(runs)}", "per_seed": runs})
     return rows
 
 
@@ -107,7 +109,8 @@ def main() -> int:
     parser.add_argument("--ledger", required=True, help="the ledger bench_tuning.py wrote (--ledger there)")
     parser.add_argument("--tasks", nargs="+", default=["risk", "sentiment"])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--alpha", type=float, default=0.05, help="the guard's one-sided level (default 0.05)")
+    parser.add_argument("--alpha", type=float, nargs="+", default=[0.05],
+                        help="the guard's one-sided level; several give one row each (default 0.05)")
     parser.add_argument("--steps", type=int, default=4, help="as bench_tuning.py was run (its fingerprint)")
     parser.add_argument("--dev-examples", type=int, default=100, help="as bench_tuning.py was run")
     parser.add_argument("--test-examples", type=int, default=1000, help="as bench_tuning.py was run")
@@ -116,8 +119,9 @@ def main() -> int:
     if not Path(args.ledger).is_file():
         print(f"error: no ledger at {args.ledger}. Fix: pass the file bench_tuning.py --ledger wrote", file=sys.stderr)
         return 2
-    if not 0 < args.alpha < 1:
-        print(f"error: --alpha {args.alpha} is not a level. Fix: pass a number between 0 and 1, e.g. 0.05",
+    bad = [a for a in args.alpha if not 0 < a < 1]
+    if bad:
+        print(f"error: --alpha {bad[0]} is not a level. Fix: pass a number between 0 and 1, e.g. 0.05",
               file=sys.stderr)
         return 2
 
@@ -132,13 +136,14 @@ def main() -> int:
         print("error: nothing to compare. Fix: run bench_tuning.py with --ledger and the same options first",
               file=sys.stderr)
         return 2
-    print(f"held-out test figure of what ships, without and with the seed guard (alpha {args.alpha}); "
-          f"mean and 95% bootstrap interval over seeds")
+    print("held-out test figure of what ships, without and with the seed guard at each alpha; "
+          "mean and 95% bootstrap interval over seeds")
     print(table(rows, [k for k in rows[0] if k != "per_seed"]))
     for r in rows:
-        for s in r["per_seed"]:
-            print(f"  {r['task']:<10} {r['method']:<12} seed {s['seed']}: dev gain {s['dev_gain']:+.3f} "
-                  f"(p {s['p']:.3f}) -> {'seed kept' if s['kept_seed'] else 'choice shipped'}")
+        if r["alpha"] == args.alpha[0]:
+            for s in r["per_seed"]:
+                print(f"  {r['task']:<10} {r['method']:<12} seed {s['seed']}: dev gain {s['dev_gain']:+.3f} "
+                      f"(p {s['p']:.3f}), test {s['test']:.3f}")
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1))
     return 0
