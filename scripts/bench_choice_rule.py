@@ -60,13 +60,13 @@ def guarded(gain: float, p: float, alpha: float) -> bool:
 def analyse(name: str, seeds: list[int], options, test_examples: int, ledger_path: str,
             alphas: list[float], log=print) -> list[dict]:
     from pipelines.budget import estimate, scoring_tokenizer
-    from pipelines.config import load_task
+    from pipelines.config import ConfigError, load_task
     from pipelines.scoring import build_scorer
 
     base, splits, _ = bench.load_bench_splits(load_task(name), test_examples)
     if base.is_generation:
-        raise SystemExit(f"error: {name} is a generation task; the guard compares label log-odds. "
-                         "Fix: pass classification tasks with --tasks")
+        raise ConfigError(f"{name} is a generation task; the guard compares label log-odds. "
+                          "Fix: pass classification tasks with --tasks")
     plan = estimate(base, options, splits, scoring_tokenizer(options.target))
     budget = bench.default_budget(plan, options)
     ledger = bench.Ledger(ledger_path, bench.fingerprint(base, options, budget, splits))
@@ -125,13 +125,17 @@ def main() -> int:
               file=sys.stderr)
         return 2
 
-    from pipelines.config import RunOptions
+    from pipelines.config import ConfigError, RunOptions
 
     options = RunOptions(steps=args.steps, wandb_mode="disabled", progress=False, dev_examples=args.dev_examples)
     rows = []
-    for name in args.tasks:
-        rows += analyse(name, args.seeds, options, args.test_examples, args.ledger, args.alpha,
-                        log=lambda *a: print(*a, file=sys.stderr, flush=True))
+    try:
+        for name in args.tasks:
+            rows += analyse(name, args.seeds, options, args.test_examples, args.ledger, args.alpha,
+                            log=lambda *a: print(*a, file=sys.stderr, flush=True))
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if not rows:
         print("error: nothing to compare. Fix: run bench_tuning.py with --ledger and the same options first",
               file=sys.stderr)
