@@ -1,0 +1,166 @@
+#!/usr/bin/env python
+"""Two methods of scripts/bench_tuning.py compared seed by seed, from its ledger (nothing runs again).
+
+Each bench seed is one unit: both methods searched with it, at the same budget, and were tested on the same
+held-out split. So the difference on that seed is one paired observation, and the mean difference over seeds,
+with a 95% bootstrap interval that resamples seeds, is what the comparison can claim. Several runs (a ledger
+fingerprint each: other code, another dtype, a task variant such as ``--set ppo.advantage_estimator=rloo``)
+add their seeds as further units.
+
+An arm is ``METHOD@FP[,FP...]``: the method's choices under those fingerprints (a unique prefix of each is
+enough). The i-th fingerprint of --a is paired with the i-th of --b, seed by seed, within each task:
+
+    # PPO against best-of-N, in two runs of risk and sentiment (4 fingerprints)
+    .venv/bin/python scripts/bench_paired.py --a PPO@b933,8871,9d25,1234 --b best-of-N@b933,8871,9d25,1234
+    # RLOO against GAE: the variant's fingerprint against the plain task's
+    .venv/bin/python scripts/bench_paired.py --a PPO@34090fb4 --b PPO@b933b43b
+
+Per task: the pairs, each arm's mean, the mean difference A - B and its interval; then the mean over tasks of
+the per-task mean differences, with an interval that resamples seeds within each task.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+
+import bench_tuning as bench  # noqa: E402
+from pipelines.cli import table  # noqa: E402
+
+METRICS = ("balanced_accuracy", "roc_auc")
+
+
+class InputError(ValueError):
+    """Bad input, said in one line that names the problem and the fix."""
+
+
+def read_ledgers(paths: list[str]) -> dict[str, dict[str, dict]]:
+    """fingerprint -> key -> record, over every ledger given (a later record of a key wins, as in bench_tuning)."""
+    records: dict[str, dict[str, dict]] = {}
+    for path in paths:
+        try:
+            lines = Path(path).read_text().splitlines()
+        except OSError as error:
+            raise InputError(f"cannot read ledger {path}: {error.strerror}; pass a file written by "
+                             "bench_tuning.py --ledger") from None
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut short by a killed run: bench_tuning skips it too
+            if isinstance(record, dict) and {"fingerprint", "key"} <= record.keys():
+                records.setdefault(record["fingerprint"], {})[record["key"]] = record
+    return records
+
+
+def parse_arm(text: str, fingerprints: list[str]) -> tuple[str, list[str]]:
+    """``METHOD@FP[,FP...]`` -> (method, full fingerprints), each prefix matching exactly one in the ledgers."""
+    method, at, prints = text.rpartition("@")
+    if not at or not method or not prints:
+        raise InputError(f"arm {text!r} is not METHOD@FINGERPRINT[,FINGERPRINT...]; e.g. PPO@b933b43b")
+    full = []
+    for prefix in prints.split(","):
+        matches = [f for f in fingerprints if f.startswith(prefix.strip())] if prefix.strip() else []
+        if len(matches) != 1:
+            known = ", ".join(sorted(f[:8] for f in fingerprints)) or "none"
+            raise InputError(f"fingerprint {prefix!r} of arm {text!r} matches {len(matches)} in the ledgers "
+                             f"(they hold: {known}); give a unique prefix")
+        full.append(matches[0])
+    return method, full
+
+
+def choices(records: dict[str, dict], method: str) -> dict[tuple[str, int], dict]:
+    """(task, seed) -> the test record of the method's choice, for every finished search and test."""
+    found = {}
+    for key, record in records.items():
+        parts = key.split("/")
+        if record.get("kind") != "search" or len(parts) != 3 or parts[2] != method or not parts[1].startswith("seed "):
+            continue
+        test = records.get(bench.test_key(parts[0], record["template"]))
+        if test is not None:
+            found[(parts[0], int(parts[1].removeprefix("seed ")))] = test
+    return found
+
+
+def paired(records: dict[str, dict[str, dict]], arm_a: tuple[str, list[str]], arm_b: tuple[str, list[str]],
+           metric: str) -> dict[str, list[dict]]:
+    """task -> the paired units: one per (fingerprint pair, seed) where both arms finished."""
+    (method_a, prints_a), (method_b, prints_b) = arm_a, arm_b
+    if len(prints_a) != len(prints_b):
+        raise InputError(f"--a has {len(prints_a)} fingerprint(s) and --b {len(prints_b)}; the i-th of each is "
+                         "paired, so give as many to both")
+    units: dict[str, list[dict]] = {}
+    for fa, fb in zip(prints_a, prints_b):
+        a, b = choices(records[fa], method_a), choices(records[fb], method_b)
+        for task, seed in sorted(a.keys() & b.keys()):
+            units.setdefault(task, []).append({"run": fa[:8] if fa == fb else f"{fa[:8]}/{fb[:8]}", "seed": seed, "a": a[task, seed][metric],
+                                               "b": b[task, seed][metric]})
+    return units
+
+
+def mean_over_tasks(units: dict[str, list[dict]], resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """The mean over tasks of each task's mean difference, and a 95% interval resampling seeds within each task."""
+    diffs = [[u["a"] - u["b"] for u in task_units] for task_units in units.values()]
+    mean = sum(sum(d) / len(d) for d in diffs) / len(diffs)
+    rng = random.Random(seed)
+    draws = sorted(sum(sum(rng.choices(d, k=len(d))) / len(d) for d in diffs) / len(diffs) for _ in range(resamples))
+    return mean, draws[int(0.025 * resamples)], draws[int(0.975 * resamples) - 1]
+
+
+def summary(units: dict[str, list[dict]], label_a: str, label_b: str) -> list[dict]:
+    rows = []
+    for task, task_units in units.items():
+        diff = bench.bootstrap([u["a"] - u["b"] for u in task_units])
+        rows.append({"task": task, "pairs": len(task_units),
+                     label_a: round(sum(u["a"] for u in task_units) / len(task_units), 3),
+                     label_b: round(sum(u["b"] for u in task_units) / len(task_units), 3),
+                     "A - B": round(diff[0], 3), "A - B 95%": f"[{diff[1]:.3f}, {diff[2]:.3f}]",
+                     "per pair (run/seed: A - B)": ", ".join(f"{u['run']}/{u['seed']}: {u['a'] - u['b']:+.3f}"
+                                                             for u in task_units)})
+    if len(units) > 1:
+        mean, low, high = mean_over_tasks(units)
+        rows.append({"task": "mean over tasks", "pairs": sum(len(u) for u in units.values()), label_a: "", label_b: "",
+                     "A - B": round(mean, 3), "A - B 95%": f"[{low:.3f}, {high:.3f}]", "per pair (run/seed: A - B)": ""})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--a", required=True, help="METHOD@FP[,FP...]: the first arm, e.g. PPO@b933b43b")
+    parser.add_argument("--b", required=True, help="METHOD@FP[,FP...]: the second arm, paired fingerprint by fingerprint")
+    parser.add_argument("--ledger", nargs="+", default=[str(REPO / "scripts/results/bench_tuning.jsonl")],
+                        help="ledger file(s) written by bench_tuning.py --ledger (default: the committed one)")
+    parser.add_argument("--metric", choices=METRICS, default="balanced_accuracy",
+                        help="the held-out figure compared (default: balanced accuracy under the task's decision)")
+    parser.add_argument("--out", help="write the pairs and the summary as JSON here")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    args = parser.parse_args(argv)
+    try:
+        records = read_ledgers(args.ledger)
+        arm_a, arm_b = parse_arm(args.a, list(records)), parse_arm(args.b, list(records))
+        units = paired(records, arm_a, arm_b, args.metric)
+        if not units:
+            raise InputError(f"no seed on which both {args.a} and {args.b} finished a search and its test; "
+                             "check the method names (e.g. best-of-N, PPO) and fingerprints")
+    except InputError as error:
+        if args.debug:
+            raise
+        print(f"bench_paired: {error}", file=sys.stderr)
+        return 2
+    rows = summary(units, f"A: {args.a}", f"B: {args.b}")
+    print(f"{args.metric} on each task's held-out split, A - B paired by seed; 95% bootstrap intervals resample seeds")
+    print(table(rows))
+    if args.out:
+        Path(args.out).write_text(json.dumps({"metric": args.metric, "a": args.a, "b": args.b, "units": units,
+                                              "summary": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

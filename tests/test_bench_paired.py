@@ -1,0 +1,73 @@
+"""scripts/bench_paired.py: seed-by-seed differences read from a bench ledger (pure logic, a written ledger)."""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import bench_paired  # noqa: E402
+import bench_tuning  # noqa: E402
+
+
+def write_ledger(path, fingerprint, task, figures):
+    """figures: {(method, seed): balanced accuracy} -> search and test records as bench_tuning writes them."""
+    with path.open("a") as f:
+        for (method, seed), value in figures.items():
+            template = f"{method} {seed} {value}\n{{text}}"
+            f.write(json.dumps({"fingerprint": fingerprint, "key": f"{task}/seed {seed}/{method}", "kind": "search",
+                                "template": template, "calls": 10}) + "\n")
+            f.write(json.dumps({"fingerprint": fingerprint, "key": bench_tuning.test_key(task, template), "kind": "test",
+                                "balanced_accuracy": value, "roc_auc": value + 0.1}) + "\n")
+
+
+@pytest.fixture
+def ledger(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    write_ledger(path, "aaaa1111", "risk", {("PPO", 0): 0.8, ("PPO", 1): 0.7, ("best-of-N", 0): 0.75,
+                                            ("best-of-N", 1): 0.72, ("PPO", 2): 0.9})  # seed 2: PPO only
+    write_ledger(path, "bbbb2222", "sentiment", {("PPO", 0): 0.5, ("best-of-N", 0): 0.6})
+    write_ledger(path, "cccc3333", "risk", {("PPO", 0): 0.85})  # a variant: PPO alone
+    path.write_text(path.read_text() + '{"cut short\n')  # a killed run's last line is skipped
+    return path
+
+
+def test_pairs_are_the_seeds_both_arms_finished_and_the_mean_over_tasks_weighs_tasks_equally(ledger, tmp_path):
+    out = tmp_path / "pairs.json"
+    assert bench_paired.main(["--ledger", str(ledger), "--a", "PPO@aaaa,bbbb", "--b", "best-of-N@aaaa,bbbb",
+                              "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert [(u["seed"], round(u["a"] - u["b"], 3)) for u in result["units"]["risk"]] == [(0, 0.05), (1, -0.02)]
+    assert [round(u["a"] - u["b"], 3) for u in result["units"]["sentiment"]] == [-0.1]
+    risk, sentiment, overall = result["summary"]
+    assert risk["A - B"] == 0.015 and sentiment["A - B"] == -0.1
+    assert overall["task"] == "mean over tasks" and overall["A - B"] == pytest.approx((0.015 - 0.1) / 2, abs=1e-3)
+    low, high = (float(x) for x in overall["A - B 95%"].strip("[]").split(", "))
+    assert low <= overall["A - B"] <= high
+
+
+def test_a_variant_is_paired_with_the_plain_task_by_fingerprint(ledger, tmp_path):
+    out = tmp_path / "pairs.json"
+    assert bench_paired.main(["--ledger", str(ledger), "--a", "PPO@cccc", "--b", "PPO@aaaa", "--metric", "roc_auc",
+                              "--out", str(out)]) == 0
+    (unit,) = json.loads(out.read_text())["units"]["risk"]
+    assert unit["run"] == "cccc3333/aaaa1111" and round(unit["a"] - unit["b"], 3) == 0.05
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--a", "PPO", "--b", "PPO@aaaa"], "is not METHOD@FINGERPRINT"),
+    (["--a", "PPO@zz", "--b", "PPO@aaaa"], "matches 0"),
+    (["--a", "PPO@aaaa", "--b", "PPO@aaaa,bbbb"], "as many to both"),
+    (["--a", "PPX@aaaa", "--b", "PPO@aaaa"], "no seed on which both"),
+])
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(ledger, tmp_path, capsys, args, says):
+    out = tmp_path / "pairs.json"
+    assert bench_paired.main(["--ledger", str(ledger), *args, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert says in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_a_missing_ledger_exits_2(tmp_path, capsys):
+    assert bench_paired.main(["--ledger", str(tmp_path / "none.jsonl"), "--a", "PPO@a", "--b", "PPO@a"]) == 2
+    assert "cannot read ledger" in capsys.readouterr().err
