@@ -11,9 +11,10 @@ An arm is ``METHOD@FP[,FP...]``: the method's choices under those fingerprints (
 enough). The i-th fingerprint of --a is paired with the i-th of --b, seed by seed, within each task:
 
     # PPO against best-of-N, in two runs of risk and sentiment (4 fingerprints)
-    .venv/bin/python scripts/bench_paired.py --a PPO@b933,8871,9d25,1234 --b best-of-N@b933,8871,9d25,1234
+    .venv/bin/python scripts/bench_paired.py --ledger scripts/results/bench_tuning.jsonl scripts/results/bench_tuning_bf16.jsonl \
+        --a PPO@b933,8871,9d25,264f --b best-of-N@b933,8871,9d25,264f
     # RLOO against GAE: the variant's fingerprint against the plain task's
-    .venv/bin/python scripts/bench_paired.py --a PPO@34090fb4 --b PPO@b933b43b
+    .venv/bin/python scripts/bench_paired.py --a PPO@34090fb4 --b PPO@b933b43b   # the float32 ledger, the default
 
 Per task: the pairs, each arm's mean, the mean difference A - B and its interval; then the mean over tasks of
 the per-task mean differences, with an interval that resamples seeds within each task.
