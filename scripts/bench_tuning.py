@@ -297,6 +297,14 @@ def test_key(task_name: str, text: str) -> str:
     return f"{task_name}/test/{hashlib.sha256(text.encode()).hexdigest()[:16]}"
 
 
+def not_applicable(method: str, task) -> str:
+    """Why ``method`` cannot run on ``task`` ("" when it can): DSPy's peer scores a label per example, so its
+    rows on a generation task say "not run" and the table keeps its shape."""
+    if method.startswith("DSPy") and task.is_generation:
+        return "not run: the DSPy peer runs classification tasks only (a label per example)"
+    return ""
+
+
 def bench_task(name: str, seeds: list[int], budget: int | None, options, test_examples: int,
                ledger_path: str | None, log=print, methods: tuple[str, ...] = METHODS,
                overrides: dict | None = None) -> list[dict]:
@@ -342,6 +350,8 @@ def bench_task(name: str, seeds: list[int], budget: int | None, options, test_ex
             record = ledger.get(key)
             if record is None and method not in methods and method != "seed":  # left for a later run
                 outcome = Outcome(None, 0, 0.0, "not run: not in --methods")
+            elif record is None and not_applicable(method, task):
+                outcome = Outcome(None, 0, 0.0, not_applicable(method, task))
             elif record is None:
                 log(f"{base.name}, seed {seed}: {method} ...")
                 outcome = run_method(method, task, splits, budget, plan, seed, options)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 from pathlib import Path
 
 import pytest
@@ -71,19 +72,20 @@ def test_quick_bench_runs_every_method_within_one_budget(tmp_path):
     assert "held-out test split" in done.stdout and "PPO" in done.stdout
 
 
-def test_methods_left_out_are_not_run_and_a_later_run_reads_back_the_others(tmp_path, monkeypatch):
-    """``--methods``: a short session runs only some methods; the rest keep their rows ("not run") and a later
-    run with every method runs only what the ledger lacks. Searches and the test pool are scripted here."""
+@pytest.fixture
+def scripted(monkeypatch):
+    """Scripted searches and test pool: each search returns "METHOD SEED" and is recorded in ``searches`` as
+    (task, seed, method); each test is recorded in ``tested`` and has fixed figures (no ROC-AUC on a
+    generation task)."""
     import pipelines.ray_scoring as ray_scoring
-    from pipelines.config import RunOptions
 
-    ran, tested = [], []
+    done = SimpleNamespace(searches=[], tested=[])
 
     class Pool:
         def __init__(self, *args, **kwargs): ...
 
         def evaluate(self, texts, split, latency):
-            tested.extend(texts)
+            done.tested.extend(texts)
             return texts
 
         def shutdown(self): ...
@@ -91,10 +93,18 @@ def test_methods_left_out_are_not_run_and_a_later_run_reads_back_the_others(tmp_
     monkeypatch.setattr(ray_scoring, "ScoringPool", Pool)
     monkeypatch.setattr(ray_scoring, "init_ray", lambda: None)
     monkeypatch.setattr(bench_tuning, "run_method", lambda method, task, splits, budget, plan, seed, options:
-                        ran.append((seed, method)) or bench_tuning.Outcome(f"{method} {seed}", 1, 0.1))
+                        done.searches.append((task, seed, method)) or bench_tuning.Outcome(f"{method} {seed}", 1, 0.1))
     monkeypatch.setattr(bench_tuning, "test_figures", lambda task, text: {
-        task.scoring.metric: 0.5, "roc_auc": 0.6, "instruction_following": 1.0, "readability": 0.4,
-        "instruction": text})
+        task.scoring.metric: 0.5, "roc_auc": None if task.is_generation else 0.6, "instruction_following": 1.0,
+        "readability": 0.4, "instruction": text})
+    return done
+
+
+def test_methods_left_out_are_not_run_and_a_later_run_reads_back_the_others(tmp_path, scripted):
+    """``--methods``: a short session runs only some methods; the rest keep their rows ("not run") and a later
+    run with every method runs only what the ledger lacks."""
+    from pipelines.config import RunOptions
+
     options = RunOptions(steps=1, wandb_mode="disabled", progress=False, dev_examples=12)
     ledger = str(tmp_path / "ledger.jsonl")
 
@@ -102,43 +112,26 @@ def test_methods_left_out_are_not_run_and_a_later_run_reads_back_the_others(tmp_
         return bench_tuning.bench_task(bench_tuning.QUICK_TASK, [0, 1], None, options, 0, ledger,
                                        log=lambda *a: None, methods=methods)
 
+    ran = scripted.searches
     rows = bench(("best-of-N",))
-    assert ran == [(0, "seed"), (0, "best-of-N"), (1, "seed"), (1, "best-of-N")]  # the seed always: it is free
-    assert sorted(tested) == ["best-of-N 0", "best-of-N 1", "seed 0", "seed 1"]
+    assert [(seed, m) for _, seed, m in ran] == [(0, "seed"), (0, "best-of-N"), (1, "seed"), (1, "best-of-N")]
+    assert sorted(scripted.tested) == ["best-of-N 0", "best-of-N 1", "seed 0", "seed 1"]
     assert [r["method"] for r in rows] == list(bench_tuning.METHODS) and bench_tuning.check(rows, ["t"]) == []
     left = [r for r in rows if r["method"] not in ("seed", "best-of-N")]
     assert all(r["note"].startswith("not run") and r["roc_auc"] is None and r["seeds"] == 0 for r in left)
     assert {r["method"]: r["seeds"] for r in rows if r not in left} == {"seed": 2, "best-of-N": 2}
     ran.clear()
     rows = bench(bench_tuning.METHODS)
-    assert ran == [(s, m) for s in (0, 1) for m in bench_tuning.METHODS if m not in ("seed", "best-of-N")]
+    left_out = [m for m in bench_tuning.METHODS if m not in ("seed", "best-of-N")]
+    assert [(seed, m) for _, seed, m in ran] == [(s, m) for s in (0, 1) for m in left_out]
     assert all(r["roc_auc"] == 0.6 for r in rows)
 
 
-def test_a_task_variant_is_a_fingerprint_of_its_own_and_its_rows_name_the_change(tmp_path, monkeypatch):
+def test_a_task_variant_is_a_fingerprint_of_its_own_and_its_rows_name_the_change(tmp_path, scripted):
     """``--set ppo.advantage_estimator=rloo``: the variant's searches are not the plain task's records (nor the
-    other way round), and its rows say which setting changed. Searches and the test pool are scripted."""
-    import pipelines.ray_scoring as ray_scoring
+    other way round), and its rows say which setting changed."""
     from pipelines.config import RunOptions
 
-    ran = []
-
-    class Pool:
-        def __init__(self, task, *args, **kwargs):
-            self.task = task
-
-        def evaluate(self, texts, split, latency):
-            return texts
-
-        def shutdown(self): ...
-
-    monkeypatch.setattr(ray_scoring, "ScoringPool", Pool)
-    monkeypatch.setattr(ray_scoring, "init_ray", lambda: None)
-    monkeypatch.setattr(bench_tuning, "run_method", lambda method, task, splits, budget, plan, seed, options:
-                        ran.append((task.ppo.advantage_estimator, method)) or bench_tuning.Outcome(method, 1, 0.1))
-    monkeypatch.setattr(bench_tuning, "test_figures", lambda task, text: {
-        task.scoring.metric: 0.5, "roc_auc": 0.6, "instruction_following": 1.0, "readability": 0.4,
-        "instruction": text})
     options = RunOptions(steps=1, wandb_mode="disabled", progress=False, dev_examples=12)
     ledger = str(tmp_path / "ledger.jsonl")
 
@@ -148,12 +141,13 @@ def test_a_task_variant_is_a_fingerprint_of_its_own_and_its_rows_name_the_change
 
     plain = bench()
     variant = bench({"ppo.advantage_estimator": "rloo"})
+    ran = [(task.ppo.advantage_estimator, m) for task, _, m in scripted.searches]
     assert ran == [("gae", "seed"), ("gae", "PPO"), ("rloo", "seed"), ("rloo", "PPO")]  # nothing read across
     assert {r["task"] for r in plain} == {"risk-small"}
     assert {r["task"] for r in variant} == {"risk-small ppo.advantage_estimator=rloo"}
-    ran.clear()
+    scripted.searches.clear()
     bench({"ppo.advantage_estimator": "rloo"})
-    assert ran == []  # the variant's own records are read back
+    assert scripted.searches == []  # the variant's own records are read back
 
 
 @pytest.mark.parametrize("setting, message", [("nope", "is not SECTION.KEY=VALUE"),
@@ -166,3 +160,18 @@ def test_a_bad_set_exits_2_with_one_line_and_runs_nothing(setting, message, tmp_
     assert bench_tuning.main() == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0] and not ledger.exists()
+
+
+def test_on_a_generation_task_the_dspy_rows_say_not_run_and_the_table_keeps_its_shape(tmp_path, scripted):
+    """DSPy's peer scores a label per example: on a generation task (JSON contract) its rows are "not run" with the
+    reason, every project method runs, and no DSPy search is tried."""
+    from pipelines.config import RunOptions
+
+    options = RunOptions(steps=1, wandb_mode="disabled", progress=False, dev_examples=8)
+    rows = bench_tuning.bench_task(str(REPO / "tests" / "data" / "transactions_json.yaml"), [0], None, options, 0,
+                                   str(tmp_path / "ledger.jsonl"), log=lambda *a: None)
+    assert [m for _, _, m in scripted.searches] == ["seed", "best-of-N", "OPRO", "PPO"]
+    assert [r["method"] for r in rows] == list(bench_tuning.METHODS) and bench_tuning.check(rows, ["t"]) == []
+    dspy = [r for r in rows if r["method"].startswith("DSPy")]
+    assert all(r["seeds"] == 0 and "classification tasks only" in r["note"] for r in dspy)
+    assert all(r["seeds"] == 1 and r["roc_auc"] is None for r in rows if r not in dspy)
