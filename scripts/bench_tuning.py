@@ -12,8 +12,9 @@ evaluated on the task's test split, which no method reads, under the task's prod
   * DSPy COPRO, DSPy MIPROv2: the dspy library's optimizers as shipped, instruction only and zero demos, through
                `pipelines.dspy_peer` (an adapter to the in-process target model, prompted and parsed as here; the
                proposer is the same untrained policy model); their own choice, by their own search on train (and
-               for MIPROv2 dev) examples. Without the optional extra (`pip install -e .[bench]`) their rows say
-               "not run", so the table keeps its shape.
+               for MIPROv2 dev) examples. Without the optional extra (`bash scripts/setup.sh --bench`), or on a
+               generation task (the peer scores a label per example), their rows say "not run": the table
+               keeps its shape.
 The project's methods score candidates through the same racing pool (`pipelines.racing`) and choose among them
 the same way (`pipelines.loop.select_finalists`: the best by step reward re-measured on the whole dev split).
 Each search gets a pool of its own, so no method reads another's cached scores.
