@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from types import SimpleNamespace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -114,7 +114,7 @@ def test_methods_left_out_are_not_run_and_a_later_run_reads_back_the_others(tmp_
 
     ran = scripted.searches
     rows = bench(("best-of-N",))
-    assert [(seed, m) for _, seed, m in ran] == [(0, "seed"), (0, "best-of-N"), (1, "seed"), (1, "best-of-N")]
+    assert [(seed, m) for _, seed, m in ran] == [(0, "seed"), (0, "best-of-N"), (1, "seed"), (1, "best-of-N")]  # the seed: free
     assert sorted(scripted.tested) == ["best-of-N 0", "best-of-N 1", "seed 0", "seed 1"]
     assert [r["method"] for r in rows] == list(bench_tuning.METHODS) and bench_tuning.check(rows, ["t"]) == []
     left = [r for r in rows if r["method"] not in ("seed", "best-of-N")]
