@@ -107,13 +107,9 @@ def main() -> int:
     quiet_libraries()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ledger", required=True, help="the ledger bench_tuning.py wrote (--ledger there)")
-    parser.add_argument("--tasks", nargs="+", default=["risk", "sentiment"])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    bench.add_run_options(parser, help_suffix="; as bench_tuning.py was run (its fingerprint)")
     parser.add_argument("--alpha", type=float, nargs="+", default=[0.05],
                         help="the guard's one-sided level; several give one row each (default 0.05)")
-    parser.add_argument("--steps", type=int, default=4, help="as bench_tuning.py was run (its fingerprint)")
-    parser.add_argument("--dev-examples", type=int, default=100, help="as bench_tuning.py was run")
-    parser.add_argument("--test-examples", type=int, default=1000, help="as bench_tuning.py was run")
     parser.add_argument("--out", help="also write the rows, with every seed's dev gain and p, as JSON here")
     args = parser.parse_args()
     if not Path(args.ledger).is_file():

@@ -298,6 +298,18 @@ def test_key(task_name: str, text: str) -> str:
     return f"{task_name}/test/{hashlib.sha256(text.encode()).hexdigest()[:16]}"
 
 
+def add_run_options(parser: argparse.ArgumentParser, help_suffix: str = "") -> None:
+    """The options a ledger's fingerprint depends on, with the bench's defaults (bench_choice_rule.py reads the
+    same ledger, so it takes the same options)."""
+    parser.add_argument("--tasks", nargs="+", default=["risk", "sentiment"])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--steps", type=int, default=4,
+                        help="steps of the default run the default budget is priced on" + help_suffix)
+    parser.add_argument("--dev-examples", type=int, default=100, help="reward examples a step" + help_suffix)
+    parser.add_argument("--test-examples", type=int, default=1000,
+                        help="examples in the test split where the data allow (else the task's own)" + help_suffix)
+
+
 def not_applicable(method: str, task) -> str:
     """Why ``method`` cannot run on ``task`` ("" when it can): DSPy's peer scores a label per example, so its
     rows on a generation task say "not run" and the table keeps its shape."""
@@ -421,13 +433,8 @@ HIDDEN = ("instruction", "note", "per_seed", "test_wall_s")
 def main() -> int:
     quiet_libraries()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tasks", nargs="+", default=["risk", "sentiment"])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    add_run_options(parser)
     parser.add_argument("--budget", type=int, help="target calls per method (default: the default run's search)")
-    parser.add_argument("--steps", type=int, default=4, help="steps of the default run the default budget is priced on")
-    parser.add_argument("--dev-examples", type=int, default=100)
-    parser.add_argument("--test-examples", type=int, default=1000,
-                        help="examples in the test split where the data allow (else the task's own)")
     parser.add_argument("--ledger", help="append each finished search and test here, and read back those of an "
                                          "earlier run with the same settings and code (resumable)")
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS),
