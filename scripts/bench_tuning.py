@@ -363,8 +363,8 @@ def bench_task(name: str, seeds: list[int], budget: int | None, options, test_ex
             record = ledger.get(key)
             if record is None and method not in methods and method != "seed":  # left for a later run
                 outcome = Outcome(None, 0, 0.0, "not run: not in --methods")
-            elif record is None and not_applicable(method, task):
-                outcome = Outcome(None, 0, 0.0, not_applicable(method, task))
+            elif record is None and (why := not_applicable(method, task)):
+                outcome = Outcome(None, 0, 0.0, why)
             elif record is None:
                 log(f"{base.name}, seed {seed}: {method} ...")
                 outcome = run_method(method, task, splits, budget, plan, seed, options)
