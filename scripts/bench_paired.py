@@ -34,7 +34,21 @@ sys.path.insert(0, str(REPO / "scripts"))
 import bench_tuning as bench  # noqa: E402
 from pipelines.cli import table  # noqa: E402
 
-METRICS = ("balanced_accuracy", "roc_auc")
+METRICS = ("task", "balanced_accuracy", "roc_auc")
+# what a test record holds besides the task's own metric (bench_tuning.test_figures and the ledger's bookkeeping)
+NOT_THE_TASK_METRIC = {"fingerprint", "key", "kind", "wall_s", "roc_auc", "instruction_following", "readability",
+                       "instruction"}
+
+
+def figure(test: dict, metric: str) -> tuple[str, float | None]:
+    """(the metric's name, its value) in one test record; ``task`` is the task's own metric under its production
+    decision (balanced accuracy for a classification task, e.g. field exact match for a generation one)."""
+    if metric == "task":
+        names = [k for k in test if k not in NOT_THE_TASK_METRIC]
+        if len(names) != 1:
+            return "task", None  # not a record bench_tuning wrote: left out, never guessed
+        metric = names[0]
+    return metric, test.get(metric)
 
 
 class InputError(ValueError):
@@ -100,8 +114,11 @@ def paired(records: dict[str, dict[str, dict]], arm_a: tuple[str, list[str]], ar
     for fa, fb in zip(prints_a, prints_b):
         a, b = choices(records[fa], method_a), choices(records[fb], method_b)
         for task, seed in sorted(a.keys() & b.keys()):
-            units.setdefault(task, []).append({"run": fa[:8] if fa == fb else f"{fa[:8]}/{fb[:8]}", "seed": seed, "a": a[task, seed][metric],
-                                               "b": b[task, seed][metric]})
+            (name, value_a), (_, value_b) = figure(a[task, seed], metric), figure(b[task, seed], metric)
+            if value_a is None or value_b is None:
+                continue  # e.g. ROC-AUC on a generation task: nothing to compare
+            units.setdefault(task, []).append({"run": fa[:8] if fa == fb else f"{fa[:8]}/{fb[:8]}", "seed": seed,
+                                               "metric": name, "a": value_a, "b": value_b})
     return units
 
 
@@ -118,7 +135,7 @@ def summary(units: dict[str, list[dict]], label_a: str, label_b: str) -> list[di
     rows = []
     for task, task_units in units.items():
         diff = bench.bootstrap([u["a"] - u["b"] for u in task_units])
-        rows.append({"task": task, "pairs": len(task_units),
+        rows.append({"task": task, "metric": task_units[0]["metric"], "pairs": len(task_units),
                      label_a: round(sum(u["a"] for u in task_units) / len(task_units), 3),
                      label_b: round(sum(u["b"] for u in task_units) / len(task_units), 3),
                      "A - B": round(diff[0], 3), "A - B 95%": f"[{diff[1]:.3f}, {diff[2]:.3f}]",
@@ -126,8 +143,10 @@ def summary(units: dict[str, list[dict]], label_a: str, label_b: str) -> list[di
                                                              for u in task_units)})
     if len(units) > 1:
         mean, low, high = mean_over_tasks(units)
-        rows.append({"task": "mean over tasks", "pairs": sum(len(u) for u in units.values()), label_a: "", label_b: "",
-                     "A - B": round(mean, 3), "A - B 95%": f"[{low:.3f}, {high:.3f}]", "per pair (run/seed: A - B)": ""})
+        rows.append({"task": "mean over tasks", "metric": "", "pairs": sum(len(u) for u in units.values()),
+                     label_a: "", label_b: "",
+                     "A - B": round(mean, 3), "A - B 95%": f"[{low:.3f}, {high:.3f}]",
+                     "per pair (run/seed: A - B)": ""})
     return rows
 
 
@@ -137,8 +156,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--b", required=True, help="METHOD@FP[,FP...]: the second arm, paired fingerprint by fingerprint")
     parser.add_argument("--ledger", nargs="+", default=[str(REPO / "scripts/results/bench_tuning.jsonl")],
                         help="ledger file(s) written by bench_tuning.py --ledger (default: the committed one)")
-    parser.add_argument("--metric", choices=METRICS, default="balanced_accuracy",
-                        help="the held-out figure compared (default: balanced accuracy under the task's decision)")
+    parser.add_argument("--metric", choices=METRICS, default="task",
+                        help="the held-out figure compared (default: task, each task's own metric under its decision: "
+                             "balanced accuracy for a classification task, field exact match for callback); a "
+                             "task without the figure (roc_auc on generation) is left out")
     parser.add_argument("--out", help="write the pairs and the summary as JSON here")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     args = parser.parse_args(argv)
@@ -147,15 +168,17 @@ def main(argv: list[str] | None = None) -> int:
         arm_a, arm_b = parse_arm(args.a, list(records)), parse_arm(args.b, list(records))
         units = paired(records, arm_a, arm_b, args.metric)
         if not units:
-            raise InputError(f"no seed on which both {args.a} and {args.b} finished a search and its test; "
-                             "check the method names (e.g. best-of-N, PPO) and fingerprints")
+            raise InputError(f"no seed on which both {args.a} and {args.b} finished a search and its test with a "
+                             f"{args.metric} figure; check the method names (e.g. best-of-N, PPO), fingerprints "
+                             "and --metric")
     except InputError as error:
         if args.debug:
             raise
         print(f"bench_paired: {error}", file=sys.stderr)
         return 2
     rows = summary(units, f"A: {args.a}", f"B: {args.b}")
-    print(f"{args.metric} on each task's held-out split, A - B paired by seed; 95% bootstrap intervals resample seeds")
+    what = "each task's own metric" if args.metric == "task" else args.metric
+    print(f"{what} on each task's held-out split, A - B paired by seed; 95% bootstrap intervals resample seeds")
     print(table(rows))
     if args.out:
         Path(args.out).write_text(json.dumps({"metric": args.metric, "a": args.a, "b": args.b, "units": units,

@@ -10,15 +10,18 @@ import bench_paired  # noqa: E402
 import bench_tuning  # noqa: E402
 
 
-def write_ledger(path, fingerprint, task, figures):
-    """figures: {(method, seed): balanced accuracy} -> search and test records as bench_tuning writes them."""
+def write_ledger(path, fingerprint, task, figures, metric="balanced_accuracy"):
+    """figures: {(method, seed): the task's metric} -> search and test records as bench_tuning writes them
+    (a generation task's test record has its own metric and no ROC-AUC)."""
     with path.open("a") as f:
         for (method, seed), value in figures.items():
             template = f"{method} {seed} {value}\n{{text}}"
+            auc = value + 0.1 if metric == "balanced_accuracy" else None
             f.write(json.dumps({"fingerprint": fingerprint, "key": f"{task}/seed {seed}/{method}", "kind": "search",
                                 "template": template, "calls": 10}) + "\n")
-            f.write(json.dumps({"fingerprint": fingerprint, "key": bench_tuning.test_key(task, template), "kind": "test",
-                                "balanced_accuracy": value, "roc_auc": value + 0.1}) + "\n")
+            f.write(json.dumps({"fingerprint": fingerprint, "key": bench_tuning.test_key(task, template),
+                                "kind": "test", "wall_s": 1.0, metric: value, "roc_auc": auc, "instruction_following": 0.9,
+                                "readability": 0.3, "instruction": "Read."}) + "\n")
 
 
 @pytest.fixture
@@ -52,6 +55,19 @@ def test_a_variant_is_paired_with_the_plain_task_by_fingerprint(ledger, tmp_path
                               "--out", str(out)]) == 0
     (unit,) = json.loads(out.read_text())["units"]["risk"]
     assert unit["run"] == "cccc3333/aaaa1111" and round(unit["a"] - unit["b"], 3) == 0.05
+
+
+def test_a_generation_task_is_compared_on_its_own_metric_and_left_out_of_roc_auc(ledger, tmp_path):
+    write_ledger(ledger, "dddd4444", "callback", {("PPO", 0): 0.70, ("best-of-N", 0): 0.65}, metric="field_exact_match")
+    out = tmp_path / "pairs.json"
+    assert bench_paired.main(["--ledger", str(ledger), "--a", "PPO@aaaa,dddd", "--b", "best-of-N@aaaa,dddd",
+                              "--out", str(out)]) == 0
+    units = json.loads(out.read_text())["units"]
+    assert [u["metric"] for u in units["risk"]] == ["balanced_accuracy"] * 2
+    assert [(u["metric"], round(u["a"] - u["b"], 3)) for u in units["callback"]] == [("field_exact_match", 0.05)]
+    assert bench_paired.main(["--ledger", str(ledger), "--a", "PPO@aaaa,dddd", "--b", "best-of-N@aaaa,dddd",
+                              "--metric", "roc_auc", "--out", str(out)]) == 0
+    assert list(json.loads(out.read_text())["units"]) == ["risk"]
 
 
 @pytest.mark.parametrize("args, says", [
