@@ -18,6 +18,11 @@ enough). The i-th fingerprint of --a is paired with the i-th of --b, seed by see
 
 Per task: the pairs, each arm's mean, the mean difference A - B and its interval; then the mean over tasks of
 the per-task mean differences, with an interval that resamples seeds within each task.
+
+``--gate 0.82`` compares what production would receive after the promotion gate's instruction-following
+threshold instead of the choice itself: a choice that kept the answer contract on fewer than 0.82 of its test
+answers is not promoted, so the seed template of the same run stays and its figure counts for that seed. Only
+that threshold is applied (the ledger holds no entity-consistency rate), so this is the most the gate could pass.
 """
 
 from __future__ import annotations
@@ -103,8 +108,24 @@ def choices(records: dict[str, dict], method: str) -> dict[tuple[str, int], dict
     return found
 
 
+def gated(found: dict[tuple[str, int], dict], seeds: dict[tuple[str, int], dict],
+          rate: float | None) -> dict[tuple[str, int], dict]:
+    """Each choice, or the seed template's test record where the choice kept the answer contract on fewer than
+    ``rate`` of its test answers (the gate would not promote it); a choice with no seed record to fall back on is
+    left out."""
+    if rate is None:
+        return found
+    kept = {}
+    for cell, test in found.items():
+        if (test.get("instruction_following") or 0.0) >= rate:
+            kept[cell] = test
+        elif cell in seeds:
+            kept[cell] = seeds[cell]
+    return kept
+
+
 def paired(records: dict[str, dict[str, dict]], arm_a: tuple[str, list[str]], arm_b: tuple[str, list[str]],
-           metric: str) -> dict[str, list[dict]]:
+           metric: str, gate: float | None = None) -> dict[str, list[dict]]:
     """task -> the paired units: one per (fingerprint pair, seed) where both arms finished."""
     (method_a, prints_a), (method_b, prints_b) = arm_a, arm_b
     if len(prints_a) != len(prints_b):
@@ -112,7 +133,8 @@ def paired(records: dict[str, dict[str, dict]], arm_a: tuple[str, list[str]], ar
                          "paired, so give as many to both")
     units: dict[str, list[dict]] = {}
     for fa, fb in zip(prints_a, prints_b):
-        a, b = choices(records[fa], method_a), choices(records[fb], method_b)
+        a = gated(choices(records[fa], method_a), choices(records[fa], "seed"), gate)
+        b = gated(choices(records[fb], method_b), choices(records[fb], "seed"), gate)
         for task, seed in sorted(a.keys() & b.keys()):
             (name, value_a), (_, value_b) = figure(a[task, seed], metric), figure(b[task, seed], metric)
             if value_a is None or value_b is None:
@@ -160,13 +182,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="the held-out figure compared (default: task, each task's own metric under its decision: "
                              "balanced accuracy for a classification task, field exact match for callback); a "
                              "task without the figure (roc_auc on generation) is left out")
+    parser.add_argument("--gate", type=float, metavar="RATE",
+                        help="compare what the gate lets through: a choice keeping the answer contract on fewer than "
+                             "RATE of its test answers counts as the seed template (the risk team's threshold: 0.82)")
     parser.add_argument("--out", help="write the pairs and the summary as JSON here")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     args = parser.parse_args(argv)
     try:
         records = read_ledgers(args.ledger)
         arm_a, arm_b = parse_arm(args.a, list(records)), parse_arm(args.b, list(records))
-        units = paired(records, arm_a, arm_b, args.metric)
+        if args.gate is not None and not 0.0 <= args.gate <= 1.0:
+            raise InputError(f"--gate {args.gate} is not a rate; give a share of answers in [0, 1], e.g. 0.82")
+        units = paired(records, arm_a, arm_b, args.metric, args.gate)
         if not units:
             raise InputError(f"no seed on which both {args.a} and {args.b} finished a search and its test with a "
                              f"{args.metric} figure; check the method names (e.g. best-of-N, PPO), fingerprints "
@@ -178,10 +205,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rows = summary(units, f"A: {args.a}", f"B: {args.b}")
     what = "each task's own metric" if args.metric == "task" else args.metric
-    print(f"{what} on each task's held-out split, A - B paired by seed; 95% bootstrap intervals resample seeds")
+    gate = "" if args.gate is None else f", after a gate on the contract rate {args.gate} (under it: the seed)"
+    print(f"{what} on each task's held-out split{gate}, A - B paired by seed; 95% bootstrap intervals resample seeds")
     print(table(rows))
     if args.out:
-        Path(args.out).write_text(json.dumps({"metric": args.metric, "a": args.a, "b": args.b, "units": units,
+        Path(args.out).write_text(json.dumps({"metric": args.metric, "gate": args.gate, "a": args.a, "b": args.b,
+                                              "units": units,
                                               "summary": rows}, indent=1))
     return 0
 

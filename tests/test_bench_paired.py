@@ -10,9 +10,9 @@ import bench_paired  # noqa: E402
 import bench_tuning  # noqa: E402
 
 
-def write_ledger(path, fingerprint, task, figures, metric="balanced_accuracy"):
+def write_ledger(path, fingerprint, task, figures, metric="balanced_accuracy", kept=None):
     """figures: {(method, seed): the task's metric} -> search and test records as bench_tuning writes them
-    (a generation task's test record has its own metric and no ROC-AUC)."""
+    (a generation task's test record has its own metric and no ROC-AUC); kept: {(method, seed): contract rate}."""
     with path.open("a") as f:
         for (method, seed), value in figures.items():
             template = f"{method} {seed} {value}\n{{text}}"
@@ -20,7 +20,8 @@ def write_ledger(path, fingerprint, task, figures, metric="balanced_accuracy"):
             f.write(json.dumps({"fingerprint": fingerprint, "key": f"{task}/seed {seed}/{method}", "kind": "search",
                                 "template": template, "calls": 10}) + "\n")
             f.write(json.dumps({"fingerprint": fingerprint, "key": bench_tuning.test_key(task, template),
-                                "kind": "test", "wall_s": 1.0, metric: value, "roc_auc": auc, "instruction_following": 0.9,
+                                "kind": "test", "wall_s": 1.0, metric: value, "roc_auc": auc,
+                                "instruction_following": (kept or {}).get((method, seed), 0.9),
                                 "readability": 0.3, "instruction": "Read."}) + "\n")
 
 
@@ -70,11 +71,25 @@ def test_a_generation_task_is_compared_on_its_own_metric_and_left_out_of_roc_auc
     assert list(json.loads(out.read_text())["units"]) == ["risk"]
 
 
+def test_the_gate_puts_the_seed_in_place_of_a_choice_that_breaks_the_contract(tmp_path):
+    ledger, out = tmp_path / "ledger.jsonl", tmp_path / "pairs.json"
+    write_ledger(ledger, "eeee5555", "snippets", {("seed", 0): 0.42, ("seed", 1): 0.42, ("PPO", 0): 0.58,
+                                                  ("PPO", 1): 0.55, ("best-of-N", 0): 0.49, ("best-of-N", 1): 0.50},
+                 kept={("PPO", 0): 0.04, ("best-of-N", 1): 0.70})
+    args = ["--ledger", str(ledger), "--a", "PPO@eeee", "--b", "best-of-N@eeee", "--out", str(out)]
+    assert bench_paired.main(args) == 0
+    assert [round(u["a"] - u["b"], 3) for u in json.loads(out.read_text())["units"]["snippets"]] == [0.09, 0.05]
+    assert bench_paired.main([*args, "--gate", "0.82"]) == 0
+    units = json.loads(out.read_text())["units"]["snippets"]
+    assert [(u["a"], u["b"]) for u in units] == [(0.42, 0.49), (0.55, 0.42)]  # seed 0: PPO's choice is not promoted
+
+
 @pytest.mark.parametrize("args, says", [
     (["--a", "PPO", "--b", "PPO@aaaa"], "is not METHOD@FINGERPRINT"),
     (["--a", "PPO@zz", "--b", "PPO@aaaa"], "matches 0"),
     (["--a", "PPO@aaaa", "--b", "PPO@aaaa,bbbb"], "as many to both"),
     (["--a", "PPX@aaaa", "--b", "PPO@aaaa"], "no seed on which both"),
+    (["--a", "PPO@aaaa", "--b", "PPO@aaaa", "--gate", "82"], "is not a rate"),
 ])
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(ledger, tmp_path, capsys, args, says):
     out = tmp_path / "pairs.json"
