@@ -23,6 +23,10 @@ the per-task mean differences, with an interval that resamples seeds within each
 threshold instead of the choice itself: a choice that kept the answer contract on fewer than 0.82 of its test
 answers is not promoted, so the seed template of the same run stays and its figure counts for that seed. Only
 that threshold is applied (the ledger holds no entity-consistency rate), so this is the most the gate could pass.
+
+``--seed-ranked`` compares what each method would ship with the seed template in its choice's ranking: a choice whose
+whole-dev reward does not beat the seed template's counts as the seed template. The rewards are the ledger's ``dev``
+records, written by ``scripts/bench_seed_in_ranking.py``. With ``--gate`` too, the ranking comes first.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 
+import bench_seed_in_ranking  # noqa: E402
 import bench_tuning as bench  # noqa: E402
 from pipelines.cli import table  # noqa: E402
 
@@ -108,6 +113,29 @@ def choices(records: dict[str, dict], method: str) -> dict[tuple[str, int], dict
     return found
 
 
+def seed_ranked(records: dict[str, dict], found: dict[tuple[str, int], dict],
+                seeds: dict[tuple[str, int], dict]) -> dict[tuple[str, int], dict]:
+    """Each choice, or the seed template's test record where the choice's whole-dev reward does not beat the seed
+    template's (the choice step, with the seed in its ranking, would keep the seed)."""
+    kept = {}
+    for cell, test in found.items():
+        if cell not in seeds:
+            continue
+        rewards = [records.get(dev_key_of(record)) for record in (test, seeds[cell])]
+        if any(r is None for r in rewards):
+            raise InputError(f"no whole-dev reward in the ledger for the {cell[0]} seed-{cell[1]} choice or the seed "
+                             "template; run scripts/bench_seed_in_ranking.py --ledger on this ledger first")
+        kept[cell] = test if bench_seed_in_ranking.ships(rewards[0]["total_reward"], rewards[1]["total_reward"]) \
+            else seeds[cell]
+    return kept
+
+
+def dev_key_of(test: dict) -> str:
+    """The key of the ``dev`` record of the template a test record measured (same hash, ``dev`` for ``test``)."""
+    task, _, digest = test["key"].split("/")
+    return f"{task}/dev/{digest}"
+
+
 def gated(found: dict[tuple[str, int], dict], seeds: dict[tuple[str, int], dict],
           rate: float | None) -> dict[tuple[str, int], dict]:
     """Each choice, or the seed template's test record where the choice kept the answer contract on fewer than
@@ -125,7 +153,7 @@ def gated(found: dict[tuple[str, int], dict], seeds: dict[tuple[str, int], dict]
 
 
 def paired(records: dict[str, dict[str, dict]], arm_a: tuple[str, list[str]], arm_b: tuple[str, list[str]],
-           metric: str, gate: float | None = None) -> dict[str, list[dict]]:
+           metric: str, gate: float | None = None, seed_rank: bool = False) -> dict[str, list[dict]]:
     """task -> the paired units: one per (fingerprint pair, seed) where both arms finished."""
     (method_a, prints_a), (method_b, prints_b) = arm_a, arm_b
     if len(prints_a) != len(prints_b):
@@ -133,8 +161,13 @@ def paired(records: dict[str, dict[str, dict]], arm_a: tuple[str, list[str]], ar
                          "paired, so give as many to both")
     units: dict[str, list[dict]] = {}
     for fa, fb in zip(prints_a, prints_b):
-        a = gated(choices(records[fa], method_a), choices(records[fa], "seed"), gate)
-        b = gated(choices(records[fb], method_b), choices(records[fb], "seed"), gate)
+        arms = []
+        for fp, method in ((fa, method_a), (fb, method_b)):
+            found, seeds = choices(records[fp], method), choices(records[fp], "seed")
+            if seed_rank:
+                found = seed_ranked(records[fp], found, seeds)
+            arms.append(gated(found, seeds, gate))
+        a, b = arms
         for task, seed in sorted(a.keys() & b.keys()):
             (name, value_a), (_, value_b) = figure(a[task, seed], metric), figure(b[task, seed], metric)
             if value_a is None or value_b is None:
@@ -185,6 +218,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gate", type=float, metavar="RATE",
                         help="compare what the gate lets through: a choice keeping the answer contract on fewer than "
                              "RATE of its test answers counts as the seed template (the risk team's threshold: 0.82)")
+    parser.add_argument("--seed-ranked", action="store_true",
+                        help="compare what would ship with the seed template in the choice's ranking: a choice whose "
+                             "whole-dev reward does not beat the seed's counts as the seed (needs the ledger's dev "
+                             "records: run scripts/bench_seed_in_ranking.py first)")
     parser.add_argument("--out", help="write the pairs and the summary as JSON here")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     args = parser.parse_args(argv)
@@ -193,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         arm_a, arm_b = parse_arm(args.a, list(records)), parse_arm(args.b, list(records))
         if args.gate is not None and not 0.0 <= args.gate <= 1.0:
             raise InputError(f"--gate {args.gate} is not a rate; give a share of answers in [0, 1], e.g. 0.82")
-        units = paired(records, arm_a, arm_b, args.metric, args.gate)
+        units = paired(records, arm_a, arm_b, args.metric, args.gate, args.seed_ranked)
         if not units:
             raise InputError(f"no seed on which both {args.a} and {args.b} finished a search and its test with a "
                              f"{args.metric} figure; check the method names (e.g. best-of-N, PPO), fingerprints "
@@ -206,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = summary(units, f"A: {args.a}", f"B: {args.b}")
     what = "each task's own metric" if args.metric == "task" else args.metric
     gate = "" if args.gate is None else f", after a gate on the contract rate {args.gate} (under it: the seed)"
+    if args.seed_ranked:
+        gate = ", with the seed template in the choice's ranking (a choice not beating its dev reward: the seed)" + gate
     print(f"{what} on each task's held-out split{gate}, A - B paired by seed; 95% bootstrap intervals resample seeds")
     print(table(rows))
     if args.out:

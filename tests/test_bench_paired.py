@@ -84,6 +84,33 @@ def test_the_gate_puts_the_seed_in_place_of_a_choice_that_breaks_the_contract(tm
     assert [(u["a"], u["b"]) for u in units] == [(0.42, 0.49), (0.55, 0.42)]  # seed 0: PPO's choice is not promoted
 
 
+def add_dev_rewards(path, fingerprint, task, rewards):
+    """rewards: {(method, seed, metric value): whole-dev reward} -> dev records as bench_seed_in_ranking writes them."""
+    with path.open("a") as f:
+        for (method, seed, value), reward in rewards.items():
+            key = bench_tuning.test_key(task, f"{method} {seed} {value}\n{{text}}").replace("/test/", "/dev/")
+            f.write(json.dumps({"fingerprint": fingerprint, "key": key, "kind": "dev", "total_reward": reward}) + "\n")
+
+
+def test_with_the_seed_ranked_a_choice_ships_only_if_its_dev_reward_beats_the_seeds(tmp_path, capsys):
+    ledger, out = tmp_path / "ledger.jsonl", tmp_path / "pairs.json"
+    write_ledger(ledger, "ffff6666", "snippets", {("seed", 0): 0.42, ("seed", 1): 0.42, ("PPO", 0): 0.58,
+                                                  ("PPO", 1): 0.55, ("best-of-N", 0): 0.49, ("best-of-N", 1): 0.50})
+    args = ["--ledger", str(ledger), "--a", "PPO@ffff", "--b", "best-of-N@ffff", "--seed-ranked", "--out", str(out)]
+    assert bench_paired.main(args) == 2  # no dev records yet: says which script writes them
+    err = capsys.readouterr().err
+    assert "bench_seed_in_ranking.py" in err and len(err.strip().splitlines()) == 1 and not out.exists()
+    add_dev_rewards(ledger, "ffff6666", "snippets", {
+        ("seed", 0, 0.42): -0.9, ("seed", 1, 0.42): -0.9,
+        ("PPO", 0, 0.58): -2.5,        # under the seed on dev: the seed ships
+        ("PPO", 1, 0.55): 1.7,         # over it: the choice ships
+        ("best-of-N", 0, 0.49): -0.9,  # a tie keeps the seed
+        ("best-of-N", 1, 0.50): 0.1})
+    assert bench_paired.main(args) == 0
+    units = json.loads(out.read_text())["units"]["snippets"]
+    assert [(u["a"], u["b"]) for u in units] == [(0.42, 0.42), (0.55, 0.50)]
+
+
 @pytest.mark.parametrize("args, says", [
     (["--a", "PPO", "--b", "PPO@aaaa"], "is not METHOD@FINGERPRINT"),
     (["--a", "PPO@zz", "--b", "PPO@aaaa"], "matches 0"),
