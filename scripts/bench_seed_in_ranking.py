@@ -22,7 +22,6 @@ Options as `bench_tuning.py` was run (they make its fingerprint); a template alr
 from __future__ import annotations
 
 import argparse
-import hashlib
 import sys
 import time
 from pathlib import Path
@@ -37,7 +36,7 @@ from pipelines.cli import quiet_libraries, table  # noqa: E402
 
 def dev_key(task_name: str, text: str) -> str:
     """The ledger key of one template's whole-dev reward (shared by every method that chose it)."""
-    return f"{task_name}/dev/{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+    return bench.test_key(task_name, text).replace("/test/", "/dev/", 1)
 
 
 def ships(choice_reward: float | None, seed_reward: float | None) -> bool:
