@@ -12,9 +12,10 @@ evaluated on the task's test split, which no method reads, under the task's prod
   * DSPy COPRO, DSPy MIPROv2: the dspy library's optimizers as shipped, instruction only and zero demos, through
                `pipelines.dspy_peer` (an adapter to the in-process target model, prompted and parsed as here; the
                proposer is the same untrained policy model); their own choice, by their own search on train (and
-               for MIPROv2 dev) examples. Without the optional extra (`bash scripts/setup.sh --bench`), or on a
-               generation task (the peer scores a label per example), their rows say "not run": the table
-               keeps its shape.
+               for MIPROv2 dev) examples; on a generation task through `scripts/dspy_generation_peer.py`
+               (scored per example by the task's figure against the reference; its rows have a fingerprint of
+               their own, see below). Without the optional extra (`bash scripts/setup.sh --bench`) their rows
+               say "not run": the table keeps its shape.
 The project's methods score candidates through the same racing pool (`pipelines.racing`) and choose among them
 the same way (`pipelines.loop.select_finalists`: the best by step reward re-measured on the whole dev split).
 Each search gets a pool of its own, so no method reads another's cached scores.
@@ -32,6 +33,7 @@ A full run takes hours on a small machine. With ``--ledger FILE`` each search an
 appended to FILE as it finishes, and a later run with the same settings reads them back instead of running
 them again; a record counts only when its fingerprint matches: the code of pipelines/, rewards/, templates/
 and this script's methods, the task, the budget and split sizes, the models, the dtype and the torch version.
+The DSPy rows of a generation task add the generation peer's code to that (``peer_ledger``).
 
     .venv/bin/python scripts/bench_tuning.py [--tasks risk sentiment] [--seeds 0 1 2] [--budget CALLS]
     .venv/bin/python scripts/bench_tuning.py --quick      # CI: the small test task, one seed, a tiny budget
@@ -310,12 +312,34 @@ def add_run_options(parser: argparse.ArgumentParser, help_suffix: str = "") -> N
                         help="examples in the test split where the data allow (else the task's own)" + help_suffix)
 
 
-def not_applicable(method: str, task) -> str:
-    """Why ``method`` cannot run on ``task`` ("" when it can): DSPy's peer scores a label per example, so its
-    rows on a generation task say "not run" and the table keeps its shape."""
-    if method.startswith("DSPy") and task.is_generation:
-        return "not run: the DSPy peer runs classification tasks only (a label per example)"
-    return ""
+PEER_FILE = REPO / "scripts" / "dspy_generation_peer.py"
+
+
+def run_dspy_generation(task, splits, method: str, budget: int, seed: int, target, proposer_name: str) -> Outcome:
+    """DSPy's COPRO or MIPROv2 on a generation task (``scripts/dspy_generation_peer.py``), as ``run_dspy``."""
+    if importlib.util.find_spec("dspy") is None or (method == "miprov2" and importlib.util.find_spec("optuna") is None):
+        return Outcome(None, 0, 0.0, "not run: pip install -e .[bench]")
+    if not isinstance(target, str):
+        return Outcome(None, 0, 0.0, "not run: the DSPy adapter needs an in-process target model, not an endpoint")
+    from dspy_generation_peer import optimize
+
+    from pipelines.engine.models import load_causal_lm
+
+    started = time.perf_counter()
+    result = optimize(task, splits, load_causal_lm(target), method, budget, seed, proposer=_policy(proposer_name))
+    return Outcome(task.compose(result["instruction"]), result["target_calls"], time.perf_counter() - started,
+                   result["note"])
+
+
+def peer_ledger(ledger: Ledger) -> Ledger:
+    """The ledger of the DSPy rows on a generation task: ``ledger``'s fingerprint with the generation peer's code
+    added (``scripts/dspy_generation_peer.py`` and ``run_dspy_generation``), so a change to that code voids those
+    rows only. It holds copies of their choices' test records, so bench_paired.py finds both under one
+    fingerprint."""
+    digest = hashlib.sha256(ledger.fingerprint.encode())
+    digest.update(PEER_FILE.read_bytes())
+    digest.update(inspect.getsource(run_dspy_generation).encode())
+    return Ledger(str(ledger.path) if ledger.path else None, digest.hexdigest()[:16])
 
 
 def bench_task(name: str, seeds: list[int], budget: int | None, options, test_examples: int,
@@ -332,6 +356,7 @@ def bench_task(name: str, seeds: list[int], budget: int | None, options, test_ex
     plan = estimate(base, options, splits, scoring_tokenizer(options.target))
     budget = default_budget(plan, options) if budget is None else budget
     ledger = Ledger(ledger_path, fingerprint(base, options, budget, splits))
+    peer = peer_ledger(ledger) if base.is_generation else None
     if ledger.records:
         log(f"{base.name}: {len(ledger.records)} finished searches and tests read back from {ledger_path}")
     metric = base.scoring.metric
@@ -360,16 +385,20 @@ def bench_task(name: str, seeds: list[int], budget: int | None, options, test_ex
         chosen = {}
         for i, method in enumerate(METHODS):
             key = f"{base.name}/seed {seed}/{method}"
-            record = ledger.get(key)
+            store = peer if peer is not None and method.startswith("DSPy") else ledger
+            record = store.get(key)
             if record is None and method not in methods and method != "seed":  # left for a later run
                 outcome = Outcome(None, 0, 0.0, "not run: not in --methods")
-            elif record is None and (why := not_applicable(method, task)):
-                outcome = Outcome(None, 0, 0.0, why)
             elif record is None:
                 log(f"{base.name}, seed {seed}: {method} ...")
-                outcome = run_method(method, task, splits, budget, plan, seed, options)
+                if store is peer:
+                    name = {"DSPy COPRO": "copro", "DSPy MIPROv2": "miprov2"}[method]
+                    outcome = run_dspy_generation(task, splits, name, budget, seed, options.target,
+                                                  options.policy_model)
+                else:
+                    outcome = run_method(method, task, splits, budget, plan, seed, options)
                 if outcome.template is not None:  # "not run" is not recorded: a run with the extra fills it in
-                    ledger.add(key, kind="search", **asdict(outcome))
+                    store.add(key, kind="search", **asdict(outcome))
             else:
                 outcome = Outcome(record["template"], record["calls"], record["wall_s"], record["note"])
             outcomes[method].append(outcome)
@@ -381,7 +410,10 @@ def bench_task(name: str, seeds: list[int], budget: int | None, options, test_ex
             if len(pending) >= options.num_scorers or i == len(METHODS) - 1:
                 test_untested(task, pending, seed)
         for m, text in chosen.items():
-            figures[m].append(ledger.get(test_key(base.name, text)))
+            test = ledger.get(test_key(base.name, text))
+            figures[m].append(test)
+            if peer is not None and m.startswith("DSPy") and peer.get(test["key"]) is None:
+                peer.add(test["key"], **{k: v for k, v in test.items() if k not in ("fingerprint", "key")})
     rows = []
     for m in METHODS:
         runs = outcomes[m]
@@ -407,7 +439,8 @@ def bench_task(name: str, seeds: list[int], budget: int | None, options, test_ex
         rows.append(row)
     ignored = f" ({ledger.other} records in it of other settings or code, not read)" if ledger.other else ""
     if ledger_path:
-        log(f"{base.name}: ledger {ledger_path}, fingerprint {ledger.fingerprint}{ignored}")
+        log(f"{base.name}: ledger {ledger_path}, fingerprint {ledger.fingerprint}{ignored}"
+            + (f"; the DSPy rows' fingerprint {peer.fingerprint}" if peer is not None else ""))
     return rows
 
 

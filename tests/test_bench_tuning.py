@@ -162,16 +162,37 @@ def test_a_bad_set_exits_2_with_one_line_and_runs_nothing(setting, message, tmp_
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0] and not ledger.exists()
 
 
-def test_on_a_generation_task_the_dspy_rows_say_not_run_and_the_table_keeps_its_shape(tmp_path, scripted):
-    """DSPy's peer scores a label per example: on a generation task (JSON contract) its rows are "not run" with the
-    reason, every project method runs, and no DSPy search is tried."""
+def test_on_a_generation_task_the_dspy_rows_have_a_fingerprint_of_their_own(tmp_path, scripted, monkeypatch):
+    """DSPy on a generation task (JSON contract) runs through scripts/dspy_generation_peer.py; its searches are
+    recorded under the task's fingerprint with that code added, next to copies of their choices' tests, so a
+    change to the generation peer voids its rows only and the project's methods are read back."""
     from pipelines.config import RunOptions
 
+    monkeypatch.setattr(bench_tuning, "run_dspy_generation", lambda task, splits, method, budget, seed, target, policy:
+                        scripted.searches.append((task, seed, f"dspy {method}")) or
+                        bench_tuning.Outcome(f"dspy {method} {seed}", 1, 0.1))
     options = RunOptions(steps=1, wandb_mode="disabled", progress=False, dev_examples=8)
-    rows = bench_tuning.bench_task(str(REPO / "tests" / "data" / "transactions_json.yaml"), [0], None, options, 0,
-                                   str(tmp_path / "ledger.jsonl"), log=lambda *a: None)
-    assert [m for _, _, m in scripted.searches] == ["seed", "best-of-N", "OPRO", "PPO"]
+    ledger = tmp_path / "ledger.jsonl"
+
+    def bench():
+        return bench_tuning.bench_task(str(REPO / "tests" / "data" / "transactions_json.yaml"), [0], None, options,
+                                       0, str(ledger), log=lambda *a: None)
+
+    rows = bench()
+    assert [m for _, _, m in scripted.searches] == ["seed", "best-of-N", "OPRO", "PPO", "dspy copro", "dspy miprov2"]
     assert [r["method"] for r in rows] == list(bench_tuning.METHODS) and bench_tuning.check(rows, ["t"]) == []
-    dspy = [r for r in rows if r["method"].startswith("DSPy")]
-    assert all(r["seeds"] == 0 and "classification tasks only" in r["note"] for r in dspy)
-    assert all(r["seeds"] == 1 and r["roc_auc"] is None for r in rows if r not in dspy)
+    assert all(r["seeds"] == 1 and r["roc_auc"] is None for r in rows)
+    records = [json.loads(line) for line in ledger.read_text().splitlines()]
+    dspy_searches = [r for r in records if r["kind"] == "search" and "DSPy" in r["key"]]
+    base = {r["fingerprint"] for r in records if r["kind"] == "search" and "DSPy" not in r["key"]}
+    peer = {r["fingerprint"] for r in dspy_searches}
+    assert len(base) == 1 and len(peer) == 1 and base != peer
+    peer_tests = {r["instruction"] for r in records if r["kind"] == "test" and r["fingerprint"] in peer}
+    assert peer_tests == {"dspy copro 0", "dspy miprov2 0"}  # the stand-in figures name the template
+
+    scripted.searches.clear()
+    changed = tmp_path / "dspy_generation_peer.py"
+    changed.write_text(bench_tuning.PEER_FILE.read_text() + "\n# changed\n")
+    monkeypatch.setattr(bench_tuning, "PEER_FILE", changed)
+    bench()
+    assert [m for _, _, m in scripted.searches] == ["dspy copro", "dspy miprov2"]  # only the peer's rows run again
