@@ -81,6 +81,10 @@ def read_ledgers(paths: list[str]) -> dict[str, dict[str, dict]]:
                 continue  # a line cut short by a killed run: bench_tuning skips it too
             if isinstance(record, dict) and {"fingerprint", "key"} <= record.keys():
                 records.setdefault(record["fingerprint"], {})[record["key"]] = record
+    for fingerprint in list(records):  # a generation task's DSPy rows see the task's records (seed, tests, dev)
+        peer = bench.peer_fingerprint(fingerprint)
+        if peer in records:
+            records[peer] = {**records[fingerprint], **records[peer]}
     return records
 
 

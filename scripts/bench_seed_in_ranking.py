@@ -45,12 +45,14 @@ def ships(choice_reward: float | None, seed_reward: float | None) -> bool:
     return choice_reward is not None and seed_reward is not None and choice_reward > seed_reward
 
 
-def choices_in(ledger, task_name: str, seeds: list[int]) -> dict[tuple[int, str], str]:
-    """(seed, method) -> the template each finished search chose, where its test record exists too."""
+def choices_in(ledger, task_name: str, seeds: list[int], peer=None) -> dict[tuple[int, str], str]:
+    """(seed, method) -> the template each finished search chose, where its test record exists too; ``peer``: the
+    ledger of a generation task's DSPy rows (``bench_tuning.peer_ledger``), whose choices are tested in ``ledger``."""
     found = {}
     for seed in seeds:
         for method in bench.METHODS[1:]:
-            record = ledger.get(f"{task_name}/seed {seed}/{method}")
+            searches = peer if peer is not None and method.startswith("DSPy") else ledger
+            record = searches.get(f"{task_name}/seed {seed}/{method}")
             if record and record.get("template") and ledger.get(bench.test_key(task_name, record["template"])):
                 found[seed, method] = record["template"]
     return found
@@ -65,7 +67,7 @@ def measure_task(name: str, seeds: list[int], options, test_examples: int, ledge
     plan = estimate(base, options, splits, scoring_tokenizer(options.target))
     ledger = bench.Ledger(ledger_path, bench.fingerprint(base, options, bench.default_budget(plan, options), splits))
     seed_text = base.seed_template().text
-    found = choices_in(ledger, base.name, seeds)
+    found = choices_in(ledger, base.name, seeds, bench.peer_ledger(ledger) if base.is_generation else None)
     if not found or ledger.get(bench.test_key(base.name, seed_text)) is None:
         log(f"{name}: no finished searches with test figures in {ledger_path} for fingerprint {ledger.fingerprint}")
         return []

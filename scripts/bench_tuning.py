@@ -331,15 +331,20 @@ def run_dspy_generation(task, splits, method: str, budget: int, seed: int, targe
                    result["note"])
 
 
-def peer_ledger(ledger: Ledger) -> Ledger:
-    """The ledger of the DSPy rows on a generation task: ``ledger``'s fingerprint with the generation peer's code
-    added (``scripts/dspy_generation_peer.py`` and ``run_dspy_generation``), so a change to that code voids those
-    rows only. It holds copies of their choices' test records, so bench_paired.py finds both under one
-    fingerprint."""
-    digest = hashlib.sha256(ledger.fingerprint.encode())
+def peer_fingerprint(fingerprint: str) -> str:
+    """The fingerprint of the DSPy rows on a generation task whose own fingerprint is ``fingerprint``: that one with
+    the generation peer's code added (``scripts/dspy_generation_peer.py`` and ``run_dspy_generation``), so a change
+    to that code voids those rows only."""
+    digest = hashlib.sha256(fingerprint.encode())
     digest.update(PEER_FILE.read_bytes())
     digest.update(inspect.getsource(run_dspy_generation).encode())
-    return Ledger(str(ledger.path) if ledger.path else None, digest.hexdigest()[:16])
+    return digest.hexdigest()[:16]
+
+
+def peer_ledger(ledger: Ledger) -> Ledger:
+    """The ledger of the DSPy rows on a generation task (``peer_fingerprint``). It holds copies of their choices'
+    test records; the readers (bench_paired.py, bench_seed_in_ranking.py) also see the task's own records under it."""
+    return Ledger(str(ledger.path) if ledger.path else None, peer_fingerprint(ledger.fingerprint))
 
 
 def bench_task(name: str, seeds: list[int], budget: int | None, options, test_examples: int,

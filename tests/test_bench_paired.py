@@ -129,3 +129,37 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(ledger, tmp_path, ca
 def test_a_missing_ledger_exits_2(tmp_path, capsys):
     assert bench_paired.main(["--ledger", str(tmp_path / "none.jsonl"), "--a", "PPO@a", "--b", "PPO@a"]) == 2
     assert "cannot read ledger" in capsys.readouterr().err
+
+
+def test_a_generation_tasks_dspy_rows_see_the_tasks_own_records(tmp_path):
+    """DSPy on a generation task is recorded under a fingerprint of its own (bench_tuning.peer_fingerprint); the
+    gate still finds the task's seed template under the task's fingerprint."""
+    ledger, out = tmp_path / "ledger.jsonl", tmp_path / "pairs.json"
+    base = "ffff6666aaaa0000"
+    peer = bench_tuning.peer_fingerprint(base)
+    write_ledger(ledger, base, "callback", {("seed", 0): 0.70, ("seed", 1): 0.70, ("PPO", 0): 0.72, ("PPO", 1): 0.66},
+                 metric="field_exact_match")
+    write_ledger(ledger, peer, "callback", {("DSPy COPRO", 0): 0.60, ("DSPy COPRO", 1): 0.68},
+                 metric="field_exact_match", kept={("DSPy COPRO", 0): 0.5})
+    args = ["--ledger", str(ledger), "--a", "PPO@ffff", "--b", f"DSPy COPRO@{peer[:8]}", "--out", str(out)]
+    assert bench_paired.main(args) == 0
+    units = json.loads(out.read_text())["units"]["callback"]
+    assert [round(u["a"] - u["b"], 3) for u in units] == [0.12, -0.02]
+    assert bench_paired.main([*args, "--gate", "0.82"]) == 0  # seed 0's COPRO choice fails the gate: the seed ships
+    units = json.loads(out.read_text())["units"]["callback"]
+    assert [round(u["a"] - u["b"], 3) for u in units] == [0.02, -0.02]
+
+
+def test_seed_in_ranking_finds_a_generation_tasks_dspy_choices_in_their_own_ledger(tmp_path):
+    import bench_seed_in_ranking
+
+    path = tmp_path / "ledger.jsonl"
+    base = "ffff6666aaaa0000"
+    write_ledger(path, base, "callback", {("PPO", 0): 0.72, ("DSPy COPRO", 0): 0.1}, metric="field_exact_match")
+    write_ledger(path, bench_tuning.peer_fingerprint(base), "callback", {("DSPy COPRO", 0): 0.60},
+                 metric="field_exact_match")
+    tested = json.loads(path.read_text().splitlines()[-1])  # the bench tests every choice under the task's fingerprint
+    path.write_text(path.read_text() + json.dumps({**tested, "fingerprint": base}) + "\n")
+    ledger = bench_tuning.Ledger(str(path), base)
+    found = bench_seed_in_ranking.choices_in(ledger, "callback", [0], bench_tuning.peer_ledger(ledger))
+    assert {m: t.split()[-2] for (_, m), t in found.items()} == {"PPO": "0.72", "DSPy COPRO": "0.6"}
