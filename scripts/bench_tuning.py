@@ -318,7 +318,7 @@ PEER_FILE = REPO / "scripts" / "dspy_generation_peer.py"
 def run_dspy_generation(task, splits, method: str, budget: int, seed: int, target, proposer_name: str) -> Outcome:
     """DSPy's COPRO or MIPROv2 on a generation task (``scripts/dspy_generation_peer.py``), as ``run_dspy``."""
     if importlib.util.find_spec("dspy") is None or (method == "miprov2" and importlib.util.find_spec("optuna") is None):
-        return Outcome(None, 0, 0.0, "not run: pip install -e .[bench]")
+        return Outcome(None, 0, 0.0, "not run: bash scripts/setup.sh --bench")
     if not isinstance(target, str):
         return Outcome(None, 0, 0.0, "not run: the DSPy adapter needs an in-process target model, not an endpoint")
     from dspy_generation_peer import optimize

@@ -1,5 +1,5 @@
 """DSPy's COPRO and MIPROv2 on a generation task (e.g. callback): the bench's DSPy rows where an example carries a
-reference answer instead of a label. Needs the optional extra: ``pip install -e .[bench]``.
+reference answer instead of a label. Needs the optional extra: ``bash scripts/setup.sh --bench``.
 
 The optimizers run as shipped, through the same adapter as on a classification task (``pipelines/dspy_peer.py``:
 the target sees exactly the project's prompt, its answer is read by the task's output contract, contract-breaking
