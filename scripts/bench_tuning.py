@@ -397,8 +397,8 @@ def bench_task(name: str, seeds: list[int], budget: int | None, options, test_ex
             elif record is None:
                 log(f"{base.name}, seed {seed}: {method} ...")
                 if store is peer:
-                    name = {"DSPy COPRO": "copro", "DSPy MIPROv2": "miprov2"}[method]
-                    outcome = run_dspy_generation(task, splits, name, budget, seed, options.target,
+                    optimizer = {"DSPy COPRO": "copro", "DSPy MIPROv2": "miprov2"}[method]
+                    outcome = run_dspy_generation(task, splits, optimizer, budget, seed, options.target,
                                                   options.policy_model)
                 else:
                     outcome = run_method(method, task, splits, budget, plan, seed, options)
