@@ -342,8 +342,9 @@ def peer_fingerprint(fingerprint: str) -> str:
 
 
 def peer_ledger(ledger: Ledger) -> Ledger:
-    """The ledger of the DSPy rows on a generation task (``peer_fingerprint``). It holds copies of their choices'
-    test records; the readers (bench_paired.py, bench_seed_in_ranking.py) also see the task's own records under it."""
+    """The ledger of the DSPy rows on a generation task (``peer_fingerprint``): their searches only. Their choices
+    are tested under the task's own fingerprint, which the readers (bench_paired.py, bench_seed_in_ranking.py) see
+    together with these rows."""
     return Ledger(str(ledger.path) if ledger.path else None, peer_fingerprint(ledger.fingerprint))
 
 
@@ -415,10 +416,7 @@ def bench_task(name: str, seeds: list[int], budget: int | None, options, test_ex
             if len(pending) >= options.num_scorers or i == len(METHODS) - 1:
                 test_untested(task, pending, seed)
         for m, text in chosen.items():
-            test = ledger.get(test_key(base.name, text))
-            figures[m].append(test)
-            if peer is not None and m.startswith("DSPy") and peer.get(test["key"]) is None:
-                peer.add(test["key"], **{k: v for k, v in test.items() if k not in ("fingerprint", "key")})
+            figures[m].append(ledger.get(test_key(base.name, text)))
     rows = []
     for m in METHODS:
         runs = outcomes[m]
