@@ -78,7 +78,7 @@ class Plan:
         return out
 
     def ending(self) -> dict[str, Usage]:
-        """What the run still spends after its last step: the shortlist on the whole dev split, and the test."""
+        """What the run still spends after its last step: the choice on the whole dev split, and the test."""
         out = {role: Usage() for role in ROLES}
         for phase in ("select", "test"):
             for role, usage in self.phases.get(phase, {}).items():
@@ -257,18 +257,18 @@ def estimate(task: TaskConfig, options: RunOptions, splits: Splits, tokenizer) -
                   "steps")
     step["policy"] = Usage(k, k * _longest_meta_prompt(task, tokenizer), k * task.template.max_instruction_tokens)
     plan.phases["steps"] = step
-    # the shortlist: the best max(2, 2 x finalists) candidates of the run (each finished its race), measured
-    # again on the whole dev split
-    shortlist_size = min(max(2, 2 * options.finalists), options.steps * k)
+    # the choice: the seed and the shortlist evaluated on the whole dev split as the test will be (latency too)
+    shortlist_size = min(options.finalists or task.selection.shortlist, options.steps * k)
     shortlist = [task.compose(t) for t in synthetic_instructions(task, tokenizer, shortlist_size, offset=k)]
     scorer.measure(shortlist)  # what the steps already paid for
-    plan.phases["select"] = priced(lambda: scorer.measure(shortlist, whole_dev=True), "select")
-    finalists = shortlist[: min(options.finalists, shortlist_size)]
+    plan.phases["select"] = priced(lambda: [scorer.evaluate(text, "dev", latency=True) for text in [seed] + shortlist],
+                                   "select")
+    finalists = shortlist[:1]  # at most one candidate is tested
 
     # the test: the pool tests templates side by side (ScoringPool._assign). The seed comes first and stays on
-    # the worker that holds its scores; a finalist may go to a worker whose cache has never seen it and pay again
-    # for its robustness sample, so the finalists are priced on a fresh scorer: an upper bound, by at most that
-    # sample per finalist
+    # the worker that holds its scores; the chosen candidate may go to a worker whose cache has never seen it and
+    # pay again for its robustness sample, so it is priced on a fresh scorer: an upper bound, by at most that
+    # sample
     seed_test = priced(lambda: scorer.evaluate(seed, "test", latency=True), "test")
     fresh = counting_models(task, tokenizer, options.target, options.judge)
     tester = CandidateScorer(task, splits, *fresh, tokenizer, reward_examples=options.dev_examples)

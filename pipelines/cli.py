@@ -146,7 +146,7 @@ def cmd_tasks(args) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
-        print(table(rows))
+        print(table([{k: v for k, v in row.items() if k != "samples"} for row in rows]))
     return 0
 
 
@@ -343,7 +343,7 @@ def tuning_setup(args, store_url: str | None) -> tuple[TaskConfig, RunOptions]:
         raise ConfigError("--resume needs --run-dir, the folder of the run to continue")
     target, judge = model_sources(args)
     options = RunOptions(
-        steps=args.steps, policy_model=args.policy_model, target=target, judge=judge,
+        steps=args.steps or task.ppo.steps, policy_model=args.policy_model, target=target, judge=judge,
         max_target_calls=args.max_target_calls, max_tokens=args.max_tokens,
         num_scorers=args.num_scorers, ray_address=args.ray_address, finalists=args.finalists,
         run_dir=args.run_dir or str(Path("runs") / f"{task.name}-{time.strftime('%Y%m%d-%H%M%S')}"),
@@ -403,7 +403,8 @@ def print_estimate(task: TaskConfig, options: RunOptions, *, json_output: bool) 
     where = {"target": options.target, "judge": options.judge or options.target, "policy": options.policy_model}
     print(f"estimate for task {task.name}: {options.steps} steps x {task.generation.candidates_per_step} candidates, "
           f"{len(splits.dev) if options.dev_examples is None else min(options.dev_examples, len(splits.dev))} dev "
-          f"examples per reward, {options.finalists} finalist(s) on {len(splits.test)} test examples")
+          f"examples per reward, the seed and {options.finalists or task.selection.shortlist} candidate(s) on "
+          f"{len(splits.dev)} dev examples, at most one on {len(splits.test)} test examples")
     for role, source in where.items():
         print(f"  {role}: {source.model + ' at ' + source.url if isinstance(source, Endpoint) else source}")
     print(table(plan.rows()))
@@ -423,7 +424,36 @@ def print_estimate(task: TaskConfig, options: RunOptions, *, json_output: bool) 
     return 0
 
 
+def print_choice(task: TaskConfig, choice: dict) -> None:
+    """The choice on dev: the seed and each shortlisted candidate, ranked, with every bar it met or missed."""
+    metric = task.scoring.metric
+    print(f"\nthe choice on the whole dev split (the gate's bars with the task's selection margins; seed included):")
+    columns = ["name", metric, *task.promotion.thresholds, "tokens", "latency_p95_ms", "gain", "p_value",
+               "feasible", "beats_seed", "chosen"]
+    print(table(choice["ranking"], columns))
+    for row in choice["ranking"]:
+        if row["name"] == "seed":
+            continue
+        print(f"  {row['name']}: {row['instruction']!r}")
+        for reason in row["bars"]:
+            print(f"    {reason}")
+    if choice.get("front"):
+        print("  front of " + metric + " against tokens: " + ", ".join(
+            f"{p['name']} ({p['tokens']} tokens, {p[metric]:.3f})" for p in choice["front"]))
+
+
+def print_learning(rows: list[dict]) -> None:
+    """Per step, what the policy's samples got."""
+    if rows:
+        print("\nlearning: per step, the policy's samples (mean reward, share that met every promotion threshold in "
+              "its step, share valid) and the best reward so far")
+        print(table([{k: v for k, v in row.items() if k != "samples"} for row in rows]))
+
+
 def print_final_table(task: TaskConfig, report: dict) -> None:
+    print_learning(report.get("learning", []))
+    if report.get("choice"):
+        print_choice(task, report["choice"])
     rows = report["test"]
     metric = task.scoring.metric
     second = "token_f1" if task.is_generation else "roc_auc"
@@ -431,10 +461,10 @@ def print_final_table(task: TaskConfig, report: dict) -> None:
                "entity_consistency_n", "entity_consistency", "total_reward", *task.judge.all_rubrics,
                *[k for k in rows[0] if k.startswith("pdr/")], "tokens", "latency_p95_ms", "gate_passed"]
     decision = next((r["decision"] for r in rows if r.get("decision")), task.scoring.decision)
-    print(f"\nheld-out test split ({task.name}): seed template vs the tuned finalists; {metric} is what an "
-          f"application gets under the {decision} decision; the rates count the target's answers")
+    print(f"\nheld-out test split ({task.name}): the seed template{' vs the chosen candidate' if len(rows) > 1 else ''}; "
+          f"{metric} is what an application gets under the {decision} decision; the rates count the target's answers")
     print(table(rows, columns))
-    print("\nthe gate on each (the seed as if it had no incumbent, the finalists against the seed):")
+    print("\nthe gate on each (the seed as if it had no incumbent, the chosen candidate against the seed):")
     for row in rows:
         print(f"  {row['template_name']}: {'PASSES' if row.get('gate_passed') else 'REFUSED'}")
         for reason in row.get("gate_reasons") or []:
@@ -443,7 +473,7 @@ def print_final_table(task: TaskConfig, report: dict) -> None:
     tuned = rows[1] if len(rows) > 1 else None  # the best by whole-dev reward: chosen without looking at test
     if tuned is not None and seed is not None and tuned[metric] is not None:
         print(f"\n{metric}: seed {seed:.3f} -> tuned {tuned[metric]:.3f} ({tuned[metric] - seed:+.3f}), "
-              f"{tuned['template_name']} (the best by reward on the whole dev split)")
+              f"the candidate chosen on the whole dev split")
     print("\ninstructions:")
     for row in rows:
         print(f"  {row['template_name']}: {row['instruction']!r}")
@@ -459,6 +489,8 @@ def print_final_table(task: TaskConfig, report: dict) -> None:
             for role, u in usage.items()))
     if report.get("stopped"):
         print(f"stopped before the last step: {report['stopped']}")
+    if report.get("choice") and not report["choice"]["chosen"]:
+        print(f"\n{report['choice']['verdict']}")
     print(f"\nreport: {report['run_dir']}/report.json   W&B (offline) run: {report['wandb_folder']}")
 
 
@@ -533,7 +565,7 @@ def cmd_check(args) -> int:
                  "minimum": "-" if b["minimum"] is None else b["minimum"],
                  "result": {True: "pass", False: "FAIL", None: "not checked"}[b["passed"]]} for b in report["bars"]]
         print(f"task {task.name}: production version {report['version']} on the {args.split} split, store {store}")
-        print(table(rows))
+        print(table([{k: v for k, v in row.items() if k != "samples"} for row in rows]))
         print(verdict)
     code = 0 if report["passed"] else 1
     if not report["passed"] and args.tune_if_below:
@@ -611,12 +643,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="show the traceback of an unexpected error (also TUNE_PROMPTS_DEBUG=1)")
     parser.add_argument("--task", help=f"the task to tune: a built-in ({', '.join(builtin_tasks())}) or a task YAML file")
     tuning = parser.add_argument_group("tuning (with --task and no command)")
-    tuning.add_argument("--steps", type=whole_number(1), default=4, help="PPO steps (default 4)")
-    tuning.add_argument("--candidates", type=int, help="candidates per step (default: the task's, 8)")
+    tuning.add_argument("--steps", type=whole_number(1), help="steps of the loop (default: the task's ppo.steps; risk: 2)")
+    tuning.add_argument("--candidates", type=int, help="candidates per step, one group (default: the task's generation.candidates_per_step; risk: 16)")
     tuning.add_argument("--dev-examples", type=int, default=100, help="dev examples per candidate reward (default 100; 0: all)")
-    tuning.add_argument("--finalists", type=int, default=1,
-                        help="candidates evaluated on the test split: the best by reward on the whole dev split, "
-                             "among the max(2, 2 x finalists) best by step reward (default 1)")
+    tuning.add_argument("--finalists", type=whole_number(1),
+                        help="candidates evaluated on the whole dev split beside the seed, under the gate's bars "
+                             "(default: the task's selection.shortlist, 2); at most one, the chosen, is tested")
     tuning.add_argument("--run-dir", help="run folder for checkpoints, report and W&B files (default runs/<task>-<time>)")
     tuning.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
     tuning.add_argument("--seed", type=int, help="the run's seed: sampling and PPO minibatch order (default: the "

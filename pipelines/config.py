@@ -115,6 +115,9 @@ class RacingConfig(_Strict):
 
     first_examples: int = Field(20, ge=0, description="dev examples every candidate of a step is measured on first "
                                 "(the first of its sample); 0: no racing, every candidate on the whole sample")
+    screen: bool = Field(True, description="the first slice is a screen: the label log-probs and greedy answers "
+                         "only (reward metric, instruction following, readability, length), no entity swaps, "
+                         "perturbations or judge; the policy learns from that reward, which every sample has")
     keep: int = Field(2, ge=1, description="candidates of a step measured on the rest of the sample (the best by "
                       "reward on the slice); only they can enter the leaderboard")
     first_tokens: int | None = Field(
@@ -257,12 +260,35 @@ class PromotionSettings(_Strict):
     max_error_rate: float = Field(0.02, ge=0, le=1, description="allowed fraction of failed target requests")
 
 
+class SelectionConfig(_Strict):
+    """How a run chooses what goes to the held-out test (``pipelines/choice.py``): the gate's own bars read on the
+    dev split, with margins, and a paired test against the seed, which is always in the ranking."""
+
+    shortlist: int = Field(2, ge=1, description="candidates of the run (the best by step reward among those that "
+                           "met the bars in their step) evaluated on the whole dev split beside the seed")
+    rate_margin: float = Field(
+        0.03, ge=0, le=0.5, description="a rate (instruction_following, entity_consistency, readability) must clear "
+        "its promotion threshold on dev by this much: dev and test are different samples (about +-0.03 at 200 and "
+        "400 examples), and bfloat16 greedy answers may differ from float32 ones in a few per cent of cases")
+    latency_margin: float = Field(
+        0.1, ge=0, lt=1, description="on dev, the latency probe's median must stay this fraction under the gate's "
+        "ceiling (the seed's median times 1 + promotion.max_latency_p95_increase); the median, not the p95 of 12 "
+        "requests (their largest), which is too noisy to choose by")
+    alpha: float = Field(0.05, gt=0, lt=0.5, description="one-sided level of the paired bootstrap over dev examples: a "
+                         "candidate goes to test only if its gain over the seed on the gate's metric is above 0 at this level")
+    bootstrap: int = Field(2000, ge=100, le=100000, description="bootstrap resamples of the dev examples")
+    prefer_shorter: bool = Field(True, description="among the candidates not significantly worse than the best "
+                                 "(the same paired test), choose the one with the fewest template tokens")
+
+
 class GenerationConfig(_Strict):
     """How the policy writes candidates."""
 
     candidates_per_step: int = Field(8, ge=2, description="instructions sampled per step (the PPO batch)")
-    temperature: float = Field(1.0, gt=0)
-    top_p: float = Field(1.0, gt=0, le=1)
+    # Measured on risk's meta-prompt (12 samples each): at temperature 1.0 the 135M policy writes mostly fluent
+    # nonsense; at 0.7 with top_p 0.9 most samples are on-task sentences an analyst could read.
+    temperature: float = Field(0.7, gt=0, description="sampling temperature of the policy")
+    top_p: float = Field(0.9, gt=0, le=1, description="nucleus sampling of the policy")
     meta_prompt: str = Field(
         "You write instructions for an AI assistant that classifies short texts.\n"
         "Task: {description}\n"
@@ -280,6 +306,8 @@ class PPOConfig(_Strict):
     passes to the learner (the loop: ``generation.candidates_per_step``).
     """
 
+    steps: int = Field(4, ge=1, description="steps of the loop (sample a group, score it, update the policy); the "
+                       "CLI's --steps overrides it")
     advantage_estimator: Literal[
         "gae", "reinforce", "rloo", "reinforce_baseline", "group_norm", "dr_grpo", "flash_reinforce"
     ] = Field("gae", description="openrlhf's advantage estimator; only gae trains a critic (the value head)")
@@ -346,6 +374,7 @@ class TaskConfig(_Strict):
     judge: JudgeConfig
     reward: RewardConfig
     promotion: PromotionSettings = PromotionSettings()
+    selection: SelectionConfig = SelectionConfig()
     generation: GenerationConfig = GenerationConfig()
     ppo: PPOConfig = PPOConfig()
     base_dir: Path = Field(Path("."), exclude=True, description="folder of the task file; relative paths start here")
@@ -640,7 +669,7 @@ class RunOptions:
     num_scorers: int = 2  # Ray scoring actors (capped at the CPUs Ray has)
     ray_address: str | None = None
     run_dir: str = "runs/latest"
-    finalists: int = 1  # candidates evaluated on the test split (see pipelines.loop.select_finalists)
+    finalists: int | None = None  # candidates evaluated on dev beside the seed; None: the task's selection.shortlist
     dev_examples: int | None = 100  # dev examples in each candidate's reward (None: the whole dev split)
     wandb_mode: str = "offline"
     wandb_project: str = "tune-prompts"
@@ -650,4 +679,5 @@ class RunOptions:
     progress: bool = True
     max_target_calls: int | None = None  # budget: calls to the target (pipelines/budget.py); None: no cap
     max_tokens: int | None = None  # budget: prompt + completion tokens of the target and the judge; None: no cap
-    final_test: bool = True  # False: stop after the selection (no test, gate or store); report the finalists
+    final_test: bool = True  # False: stop after the choice (no test, gate or store); report the finalists
+    choose: bool = True  # False: stop after the steps (no choice either): what a study of the learning needs

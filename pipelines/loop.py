@@ -1,8 +1,9 @@
 """The tuning loop: generate -> score -> weight -> update -> keep the best -> (at the end) select, test, gate, store.
 
-``tune`` reads top to bottom: set-up (or resume), one ``train_step`` per step, then the finalists are chosen on
-the whole dev split, tested against the seed on the held-out test split (which tuning never reads), and the
-best goes through the promotion gate into the template store (``pipelines/promotion.py``). ``train_step``
+``tune`` reads top to bottom: set-up (or resume), one ``train_step`` per step, then the choice on the whole dev
+split by the gate's own rules with the seed in the race (``pipelines/choice.py``); the chosen candidate, if any,
+is tested against the seed on the held-out test split (which tuning never reads) and goes through the promotion
+gate into the template store (``pipelines/promotion.py``). ``train_step``
 calls one function per stage and passes values by return.
 
 Repeatability: sampling, PPO minibatch order and the data splits are seeded, so a run with the same seed,
@@ -27,7 +28,7 @@ from pipelines.data import load_splits
 from pipelines.engine.endpoints import EndpointError
 from pipelines.engine.usage import ROLES, Usage, sum_usage
 from pipelines.generation import candidate_text, instruction_of, meta_prompt
-from pipelines.racing import race_candidates
+from pipelines.racing import first_rung_reward, race_candidates
 from rewards.components import RATES
 
 
@@ -38,6 +39,7 @@ class LoopState:
     step: int = 0  # steps completed
     leaderboard: list[dict] = field(default_factory=list)  # best distinct candidates, best first
     history: list[dict] = field(default_factory=list)  # per-step scalars
+    sampled: list[dict] = field(default_factory=list)  # per step: each sample's reward and whether it met the bars
     wandb_id: str | None = None
     usage: dict[str, dict] = field(default_factory=dict)  # phase (seed, steps, select, test) -> role -> Usage
     stopped: str | None = None  # why the run ended before its last step (the budget), if it did
@@ -145,12 +147,14 @@ def tune(task: TaskConfig, options: RunOptions, *, resume: bool = False, log=pri
 
 def _run(task, options, pool, learner, tokenizer, tracker, state: LoopState, run_dir: Path, plan, budget, log) -> dict:
     """Seed, steps, selection, test, promotion: ``tune``'s body once the models and the tracker are up."""
+    from pipelines.choice import choose
     from pipelines.promotion import gate
 
     timings = {}
     seed_text = task.seed_template().text
+    seed_dev = None  # the seed's evaluation on the whole dev split, for the choice (made now on the idle worker)
     if not state.leaderboard:  # the seed is the first incumbent the policy improves on
-        (seed,) = pool.measure([seed_text])
+        seed, seed_dev = pool.seed(seed_text)
         state.charge("seed", seed.usage)
         state.leaderboard = [_row(task, 0, seed)]
         _save_checkpoint(run_dir, learner, state)  # a server that dies in step 1 does not cost the seed again
@@ -171,28 +175,39 @@ def _run(task, options, pool, learner, tokenizer, tracker, state: LoopState, run
         _save_checkpoint(run_dir, learner, state)
         steps.set_postfix(reward=f"{scalars['reward/total/mean']:.3f}", best=f"{state.leaderboard[0]['total_reward']:.3f}")
     steps.close()
+    if not options.choose:  # a study of the learning (scripts/bench_learning.py): the steps are all it needs
+        _save_checkpoint(run_dir, learner, state)
+        return {"task": task.name, "run_dir": str(run_dir), "steps": state.step, "stopped": state.stopped,
+                "history": state.history, "learning": learning_table(state.history, state.sampled),
+                "choice": None, "test": [], "timings": timings}
 
-    # 6. select: the best candidates re-measured on the whole dev split (tuning never reads test)
+    # 6. choose on dev: the seed and the shortlist evaluated as the test will, then the gate's own rules with
+    # margins and a paired test against the seed (pipelines/choice.py); tuning never reads test
     t = time.perf_counter()
-    ranked = [row["template"] for row in state.leaderboard if row["template"] != seed_text]
-    finalists, shortlist, select_usage = select_finalists(task, pool, ranked, options.finalists)
-    first_seen = {row["template"]: row["step"] for row in state.leaderboard}
-    for row in shortlist:
-        row["step"] = first_seen.get(row["template"], row["step"])
+    shortlist = shortlist_of(task, state.leaderboard, seed_text, options.finalists or task.selection.shortlist)
+    log(f"choosing on the whole dev split: the seed and {len(shortlist)} candidate{'' if len(shortlist) == 1 else 's'} "
+        "under the gate's bars ...")
+    dev_evaluations = pool.evaluate(shortlist if seed_dev else [seed_text] + shortlist, "dev")
+    if seed_dev is not None:  # a resumed run evaluates the seed again
+        dev_evaluations = [seed_dev] + dev_evaluations
+    choice = choose(task, dev_evaluations[0], dev_evaluations[1:])
+    select_usage = sum_usage(*(ev.usage for ev in dev_evaluations))
     timings["timing/select_s"] = time.perf_counter() - t
+    log(choice.verdict)
+    learning = learning_table(state.history, state.sampled)
     if not options.final_test:  # a caller that tests the choice itself (scripts/bench_tuning.py)
         state.charge("select", select_usage)
         _save_checkpoint(run_dir, learner, state)
         spent = state.spent()
         return {"task": task.name, "run_dir": str(run_dir), "steps": state.step, "stopped": state.stopped,
                 "usage": {"total": {role: u.as_dict() for role, u in spent.items()}, "phases": state.usage},
-                "finalists": finalists, "test": [], "shortlist": shortlist, "history": state.history,
-                "timings": timings}
-    # 7. test: the seed template against the finalists on the held-out split
+                "finalists": [choice.chosen] if choice.chosen else [], "choice": choice.as_dict(), "test": [],
+                "history": state.history, "learning": learning, "timings": timings}
+    # 7. test: the seed template against the chosen candidate (if any) on the held-out split
     t = time.perf_counter()
-    log(f"evaluating the seed and {len(finalists)} finalist{'' if len(finalists) == 1 else 's'} "
-        "(chosen on the whole dev split) on the held-out test split ...")
-    evaluations = pool.evaluate([seed_text] + finalists, "test")
+    tested = [seed_text] + ([choice.chosen] if choice.chosen else [])
+    log(f"evaluating the seed{' and the chosen candidate' if choice.chosen else ''} on the held-out test split ...")
+    evaluations = pool.evaluate(tested, "test")
     timings["timing/test_eval_s"] = time.perf_counter() - t
     # the ending is charged once it has run: a run resumed after a failure here pays for it again, and says so
     state.charge("select", select_usage)
@@ -200,7 +215,7 @@ def _run(task, options, pool, learner, tokenizer, tracker, state: LoopState, run
         state.charge("test", ev.usage)
     _save_checkpoint(run_dir, learner, state)  # a resumed run (say, with a larger budget) counts this ending too
     gates = [gate(task, ev, None if i == 0 else evaluations[0]) for i, ev in enumerate(evaluations)]
-    final_rows = [_final_row(task, "seed" if i == 0 else f"candidate {i}", ev, g)
+    final_rows = [_final_row(task, "seed" if i == 0 else "chosen", ev, g)
                   for i, (ev, g) in enumerate(zip(evaluations, gates))]
     tracker.log_leaderboard(sorted(final_rows, key=lambda r: -r[task.scoring.metric]))
     spent = state.spent()
@@ -209,13 +224,15 @@ def _run(task, options, pool, learner, tokenizer, tracker, state: LoopState, run
               "wandb_folder": tracker.folder, "target_calls": spent["target"].calls,
               "usage": {"total": {role: u.as_dict() for role, u in spent.items()}, "phases": state.usage},
               "estimate": {**plan.as_dict(), "for_steps_run": {role: u.as_dict() for role, u in plan.total(state.step).items()}},
-              "test": final_rows, "shortlist": shortlist, "history": state.history,
+              "choice": choice.as_dict(), "test": final_rows, "history": state.history, "learning": learning,
               "scorer_workers_replaced": pool.replaced, "timings": timings}
-    # 8. promote: the first finalist (best by whole-dev reward) goes through the gate into the store
+    # 8. promote: the chosen candidate goes through the gate into the store (with none, the store only learns the
+    # seed as its first production version, if it had none)
     if options.store_url:
         from pipelines.promotion import promote
 
-        report["promotion"] = promote(task, options.store_url, evaluations, run_dir.name, allow=options.promote)
+        report["promotion"] = promote(task, options.store_url, evaluations, run_dir.name, allow=options.promote,
+                                      no_candidate=None if choice.chosen else choice.verdict)
     return report
 
 
@@ -240,19 +257,23 @@ def train_step(task: TaskConfig, pool, learner, tokenizer, state: LoopState, ste
     timing["timing/score_s"] = time.perf_counter() - t
     # 4. update the policy with OpenRLHF's PPO losses and advantage estimator
     t = time.perf_counter()
-    train = learner.step(batch.with_rewards([s.reward.total for s in scored]))
+    train = learner.step(batch.with_rewards([first_rung_reward(s) for s in scored]))
     timing["timing/update_s"] = time.perf_counter() - t
     # 5. keep the best candidates seen so far (of those that finished the race)
     rows = [{**_row(task, step + 1, s), "finished_race": done} for s, done in zip(scored, finished)]
+    sampled = [_sampled(task, s) for s in scored]  # what the policy was rewarded with, alike for every sample
     state.leaderboard = _update_leaderboard(state.leaderboard, [row for row in rows if row["finished_race"]])
     state.step = step + 1
     usage = sum_usage({"policy": batch.usage()}, *(s.usage for s in scored))
     state.charge("steps", usage)
-    scalars = {**_reward_means(rows, task.component_names), **{k: v for k, v in train.items() if k.startswith("train/")},
+    scalars = {**_reward_means(sampled, task.component_names), **{k: v for k, v in train.items() if k.startswith("train/")},
                **timing, "train/valid_fraction": sum(r["valid"] for r in rows) / len(rows),
+               "train/feasible_fraction": sum(meets_bars(task, r, measured_only=True) for r in sampled) / len(rows),
                "train/best_reward": state.leaderboard[0]["total_reward"], "train/target_calls": state.spent()["target"].calls,
                **{f"usage/{role}/{k}": v for role, u in usage.items() for k, v in u.as_dict().items()}}
     state.history.append(scalars)
+    state.sampled.append({"rewards": [r["total_reward"] for r in sampled],
+                          "feasible": [meets_bars(task, r, measured_only=True) for r in sampled]})
     return rows, scalars
 
 
@@ -291,17 +312,36 @@ def _start_or_resume(run_dir: Path, resume: bool, log) -> tuple[LoopState, Path 
     return LoopState(), None
 
 
-def select_finalists(task: TaskConfig, pool, ranked: list[str], n: int) -> tuple[list[str], list[dict], dict]:
-    """The ``n`` candidates that go on to the test split, chosen on dev only: the best ``max(2, 2 n)`` by step
-    reward (a dev sample, noisy when many candidates compete) are measured again on the whole dev split and
-    ranked by that reward. Returns the finalists, the shortlist's rows (whole-dev reward), best first, and
-    what measuring them cost (role -> usage)."""
-    shortlist = ranked[: max(2, 2 * n)]
-    if not shortlist:
-        return [], [], {}
-    scored = pool.measure(shortlist, whole_dev=True)
-    rows = sorted((_row(task, 0, s) for s in scored), key=lambda r: -r["total_reward"])
-    return [r["template"] for r in rows[:n] if r["valid"]], rows, sum_usage(*(s.usage for s in scored))
+def shortlist_of(task: TaskConfig, leaderboard: list[dict], seed_text: str, n: int) -> list[str]:
+    """The ``n`` candidates the choice evaluates on the whole dev split: the best by step reward among those whose
+    step measurements met the promotion thresholds, then the best of the rest (never the seed: it is always
+    evaluated beside them)."""
+    rows = [row for row in leaderboard if row["template"] != seed_text and row.get("valid", True)]
+    return [row["template"] for row in sorted(rows, key=lambda r: (not meets_bars(task, r), -r["total_reward"]))[:n]]
+
+
+def meets_bars(task: TaskConfig, row: dict, *, measured_only: bool = False) -> bool:
+    """Whether a candidate's step measurements met every promotion threshold (a rate it was not measured on fails;
+    with ``measured_only``, as for a screened sample, it is left out)."""
+    return bool(row["valid"]) and all(row[name] >= bar if row.get(name) is not None else measured_only
+                                      for name, bar in task.promotion.thresholds.items())
+
+
+def _sampled(task: TaskConfig, scored) -> dict:
+    """One sample as the policy saw it: its first-rung reward and components (``pipelines.racing.first_rung_reward``)."""
+    reward = scored.screen or scored.reward
+    return {"valid": scored.measured.valid, "total_reward": reward.total, **reward.components}
+
+
+def learning_table(history: list[dict], sampled: list[dict] | None = None) -> list[dict]:
+    """Per step, what the policy's samples got: the mean reward, the feasible fraction, the best so far (and, where
+    kept, each sample's reward and feasibility, for intervals over samples)."""
+    keys = {"mean_reward": "reward/total/mean", "feasible_fraction": "train/feasible_fraction",
+            "valid_fraction": "train/valid_fraction", "best_so_far": "train/best_reward"}
+    rows = [{"step": i + 1, **{name: h.get(key) for name, key in keys.items()}} for i, h in enumerate(history)]
+    for row, samples in zip(rows, sampled or []):
+        row["samples"] = samples
+    return rows
 
 
 def rate_text(m, name: str) -> str | None:

@@ -64,10 +64,12 @@ def gate(task: TaskConfig, ev: Evaluation, incumbent: Evaluation | None) -> Deci
                   measurements(*record(incumbent), config.metric) if incumbent is not None else None, config)
 
 
-def promote(task: TaskConfig, store_url: str, evaluations: list[Evaluation], run_id: str, *, allow: bool = True) -> dict:
+def promote(task: TaskConfig, store_url: str, evaluations: list[Evaluation], run_id: str, *, allow: bool = True,
+            no_candidate: str | None = None) -> dict:
     """Record the seed (as the first production version, if the task has none) and the first valid candidate
-    (``evaluations[0]`` is the seed, the rest are candidates, best by dev reward first), with the gate's
-    decision; move production to the candidate if the gate says so and ``allow``."""
+    (``evaluations[0]`` is the seed, the rest are candidates, the one chosen on dev first), with the gate's
+    decision; move production to the candidate if the gate says so and ``allow``. ``no_candidate``: why the run
+    chose none (then ``evaluations`` holds the seed alone and nothing but the seed may be recorded)."""
     config = task.promotion_config()
     seed_ev, candidates = evaluations[0], evaluations[1:]
     with TemplateStore(store_url) as store:
@@ -79,8 +81,8 @@ def promote(task: TaskConfig, store_url: str, evaluations: list[Evaluation], run
             incumbent = store.promote(task.name, seed_version.id, force=True)
         valid = [ev for ev in candidates if ev.measured.valid]
         if not valid:
-            return {"promoted": False, "reasons": ["no valid candidate"], "production": incumbent.id}
-        best = valid[0]  # the best by whole-dev reward; picking by the test metric too would bias the comparison
+            return {"promoted": False, "reasons": [no_candidate or "no valid candidate"], "production": incumbent.id}
+        best = valid[0]  # the one chosen on dev; picking by the test metric too would bias the comparison
         # Production compared as measured in this run where it is the seed (same machine, same moment: fair
         # latency figures), else as stored.
         fresh = incumbent.template.text == seed_ev.measured.template

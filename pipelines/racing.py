@@ -2,13 +2,16 @@
 
 Successive halving in one cut. Every candidate is measured on the first rung, the first examples of its dev
 sample (``racing.first_examples``, fewer when they pass ``racing.first_tokens``: the scorer's ``first_rung``);
-the ``racing.keep`` best by reward (valid ones only) are measured on the rest of the sample,
-and the others keep the reward of the slice. The pair caches make the second rung pay only for the examples
+with ``racing.screen`` that rung is a screen: the label log-probs and greedy answers only (reward metric,
+instruction following, readability, length), no entity swaps, perturbations or judge. The ``racing.keep`` best
+by that reward (valid ones only) get the full measurement on the whole sample, and the others keep the reward
+of the slice. The pair caches make the second rung pay only for the examples
 the first did not score, so a step costs about ``n * first + keep * (sample - first)`` examples instead of
 ``n * sample``.
 
 What each reward is used for follows from how much it saw:
-* the PPO update reads every candidate's reward (one for the raced-out ones is noisier, not biased);
+* the policy update reads every candidate's first-rung reward (``first_rung_reward``): the one reward every
+  sample of the group has, measured alike, so group baselines (rloo, group_norm) compare like with like;
 * the leaderboard, which the meta-prompt's incumbent and the finalists come from, takes only candidates that
   finished the race, so a lucky slice cannot put a candidate there.
 
@@ -41,8 +44,9 @@ def race(measure: Measure, texts: Sequence[str], first_examples: int, keep: int,
     finished = [False] * len(texts)
     if contenders:
         for i, full in zip(contenders, measure([texts[i] for i in contenders], None)):
-            # what the candidate cost is both rungs' (the second paid only for examples the first did not see)
-            scored[i] = replace(full, usage=sum_usage(scored[i].usage, full.usage))
+            # what the candidate cost is both rungs' (the second paid only for examples the first did not see);
+            # its first rung's reward stays with it: every sample has one, so the policy can learn from it
+            scored[i] = replace(full, usage=sum_usage(scored[i].usage, full.usage), screen=scored[i].reward)
             finished[i] = True
     return scored, finished
 
@@ -52,5 +56,11 @@ def race_candidates(task: TaskConfig, measurer, texts: Sequence[str]) -> tuple[l
     ``measure(texts, examples=...)``, ``sample_size`` and ``first_rung`` (the Ray ``ScoringPool``, a
     ``CandidateScorer``, which sizes the first slice: ``racing.first_examples``, fewer when their inputs pass
     ``racing.first_tokens``)."""
-    return race(lambda part, n: measurer.measure(part, examples=n), texts, measurer.first_rung,
-                task.scoring.racing.keep, measurer.sample_size)
+    screen = task.scoring.racing.screen
+    return race(lambda part, n: measurer.measure(part, examples=n, screen=screen and n is not None), texts,
+                measurer.first_rung, task.scoring.racing.keep, measurer.sample_size)
+
+
+def first_rung_reward(scored) -> float:
+    """The reward every sample of a step has: its first rung's (a finisher's ``screen``), else its only one."""
+    return (scored.screen or scored.reward).total

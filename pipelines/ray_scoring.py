@@ -58,8 +58,8 @@ class ScoringWorker:
         torch.set_num_threads(threads)
         self.scorer = build_scorer(task, splits, target, judge, reward_examples=reward_examples)
 
-    def measure(self, texts: list[str], whole_dev: bool, examples: int | None = None):
-        return self.scorer.measure(texts, whole_dev=whole_dev, examples=examples)
+    def measure(self, texts: list[str], whole_dev: bool, examples: int | None = None, screen: bool = False):
+        return self.scorer.measure(texts, whole_dev=whole_dev, examples=examples, screen=screen)
 
     def evaluate(self, texts: list[str], split: str):
         return [self.scorer.evaluate(text, split, latency=False) for text in texts]
@@ -127,11 +127,13 @@ class ScoringPool:
         """Block until every worker has loaded its models (so step timings exclude start-up)."""
         self._run({i: lambda worker: worker.ready.remote() for i in range(len(self.workers))})
 
-    def measure(self, texts: Sequence[str], whole_dev: bool = False, examples: int | None = None) -> list:
+    def measure(self, texts: Sequence[str], whole_dev: bool = False, examples: int | None = None,
+                screen: bool = False) -> list:
         """``Scored`` candidates, measured across the workers, in the order given (on the first ``examples`` of
-        the dev sample when given)."""
-        chunks = self._assign(texts)
-        results = self._run({w: lambda worker, part=[texts[j] for j in chunk]: worker.measure.remote(part, whole_dev, examples)
+        the dev sample when given; ``screen``: the screening measurement, ``CandidateScorer.measure``)."""
+        # a full measurement (a race's second rung) is spread evenly: the screen cached only a slice's log-probs
+        chunks = self._assign(texts, balance=examples is None and not whole_dev)
+        results = self._run({w: lambda worker, part=[texts[j] for j in chunk]: worker.measure.remote(part, whole_dev, examples, screen)
                              for w, chunk in chunks.items()})
         return self._gather(len(texts), chunks, results)
 
@@ -149,6 +151,22 @@ class ScoringPool:
                     ev.latency, probes = self._run({home: lambda worker: worker.latency.remote(text, split)})[home]
                     ev.usage = {role: ev.usage.get(role, Usage()) + usage for role, usage in probes.items()}
         return evaluations
+
+    def seed(self, text: str) -> tuple:
+        """The seed's ``Scored`` on the dev sample and its ``Evaluation`` on the whole dev split (for the choice),
+        side by side on two workers where there are two (the seed step leaves the second idle otherwise); the
+        evaluation's latency probe runs after both, alone, like every probe."""
+        if len(self.workers) < 2:
+            (scored,) = self.measure([text])
+            (evaluation,) = self.evaluate([text], "dev")
+            return scored, evaluation
+        self._home[text] = 0
+        done = self._run({0: lambda worker: worker.measure.remote([text], False, None, False),
+                          1: lambda worker: worker.evaluate.remote([text], "dev")})
+        (scored,), (evaluation,) = done[0], done[1]
+        evaluation.latency, probes = self._run({1: lambda worker: worker.latency.remote(text, "dev")})[1]
+        evaluation.usage = {role: evaluation.usage.get(role, Usage()) + u for role, u in probes.items()}
+        return scored, evaluation
 
     def _assign(self, texts: Sequence[str], balance: bool = False) -> dict[int, list[int]]:
         """Indices of ``texts`` per worker (workers with nothing to do left out): a template goes back to the

@@ -59,6 +59,7 @@ class Scored:
     measured: Measured
     reward: Reward
     usage: dict[str, Usage] = field(default_factory=dict)  # role -> what measuring it asked of that model
+    screen: Reward | None = None  # a race's finisher: its reward on the screening rung, which every sample has
 
     @property
     def target_calls(self) -> int:
@@ -150,7 +151,19 @@ def build_scorer(task: TaskConfig, splits: Splits, target: ModelSource | LoadedL
         judge_scorer = label_scorer(judge_model, list(JUDGE_VERBALIZERS), chat_template=True, batch_size=batch)
     # A server owns an endpoint's model: template tokens are counted with the embedded model's tokenizer.
     tokenizer = target_model.tokenizer if isinstance(target_model, LoadedLM) else load_tokenizer()
-    return CandidateScorer(task, splits, target_scorer, judge_scorer, tokenizer, reward_examples=reward_examples)
+    return CandidateScorer(task, splits, target_scorer, judge_scorer, tokenizer, reward_examples=reward_examples,
+                           reader=reader_for(task, target_model))
+
+
+def reader_for(task: TaskConfig, target: LoadedLM | Endpoint):
+    """The instruction's readability (``rewards.readability``), read by the embedded model its floor was calibrated
+    with: the target itself when it is that model, else a copy of its own."""
+    from pipelines.engine.models import EMBEDDED
+    from rewards.readability import ReadabilityScorer
+
+    lm = target if isinstance(target, LoadedLM) and target.name == EMBEDDED else load_causal_lm(EMBEDDED)
+    scorer = ReadabilityScorer(lm)
+    return lambda instructions: scorer.score(instructions, task.description)
 
 
 def _load(source: ModelSource | LoadedLM) -> LoadedLM | Endpoint:
@@ -194,11 +207,13 @@ def _shown(value):
 
 
 class CandidateScorer:
-    def __init__(self, task: TaskConfig, splits: Splits, target, judge, tokenizer, *, reward_examples: int | None = None):
+    def __init__(self, task: TaskConfig, splits: Splits, target, judge, tokenizer, *, reward_examples: int | None = None,
+                 reader=None):
         """``target`` and ``judge``: label scorers, anything with ``score(template, texts) -> log-probs``,
         ``answer(template, texts, max_new_tokens, complete) -> answers``, ``verbalizers`` and ``stats``
         (``LabelScorer``, ``EndpointLabelScorer``); the target answers with the task's verbalizers in label order,
-        the judge with ``JUDGE_VERBALIZERS``. ``build_scorer`` makes them."""
+        the judge with ``JUDGE_VERBALIZERS``. ``build_scorer`` makes them. ``reader``: instructions -> readability
+        (``reader_for``); None: readability is not read (the budget's counting stand-ins)."""
         for scorer, words, role in ((target, scorer_words(task), "target"), (judge, list(JUDGE_VERBALIZERS), "judge")):
             if list(getattr(scorer, "verbalizers", ())) != words:
                 raise ValueError(f"the {role} scorer answers {list(getattr(scorer, 'verbalizers', ()))}; it must answer {words}")
@@ -216,6 +231,7 @@ class CandidateScorer:
                            fatal=(EndpointError,))
         self.template_judge = Judge(task.judge.template_rubrics, self.judge_scorer.score, task.judge.max_errors,
                                     fatal=(EndpointError,))
+        self.reader = reader
         self.contract = output_contract(task)
         self.max_new_tokens = answer_tokens(task)
         self.tokenizer = tokenizer
@@ -259,6 +275,17 @@ class CandidateScorer:
 
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer(text, add_special_tokens=False).input_ids)
+
+    def readability(self, texts: Sequence[str]) -> list[float | None]:
+        """The readability of each template's instruction (its whole text, placeholders out, when it was not built
+        from the task's skeleton); None for each without a reader."""
+        if self.reader is None or not texts:
+            return [None] * len(texts)
+        from pipelines.generation import instruction_of
+
+        instructions = [instruction_of(self.task, t) or " ".join(t.replace("{", " ").replace("}", " ").split())
+                        for t in texts]
+        return [float(r) for r in self.reader(instructions)]
 
     def validate(self, text: str):
         return validate_candidate(text, self.task.input_variables, self.task.template.max_tokens, self.count_tokens)
@@ -355,6 +382,20 @@ class CandidateScorer:
             for e, a, p, d in list(zip(examples, responses.answers, responses.parsed, decided))[:n]
         )
 
+    def outcomes(self, examples: Sequence[Example], responses: Responses, decided) -> dict[str, list]:
+        """Per example, what the gate's metric is made of: gold and decided labels (classification; with the label
+        log-probs when the metric is ROC-AUC), or each answer's score on the metric (generation)."""
+        metric = self.task.scoring.metric
+        if self.task.is_generation:
+            if metric == "contract_rate":
+                return {"scores": [float(p.ok) for p in responses.parsed]}
+            column = 0 if metric == "field_exact_match" else 1
+            return {"scores": [gm.example_scores(p, e.reference)[column] for p, e in zip(responses.parsed, examples)]}
+        out = {"gold": [e.label for e in examples], "decided": list(decided)}
+        if metric == "roc_auc":
+            out["logprobs"] = np.asarray(responses.logprobs).tolist()
+        return out
+
     def _sample_metric(self, template: Template, sample: Sequence[Example]) -> float:
         """What robustness compares: the ROC-AUC of the label log-odds, or a generation task's reward metric."""
         if self.task.is_generation:
@@ -382,10 +423,14 @@ class CandidateScorer:
         return out
 
     # --- the tuning loop's entry point --------------------------------------------------------------
-    def measure(self, texts: Sequence[str], *, whole_dev: bool = False, examples: int | None = None) -> list[Scored]:
+    def measure(self, texts: Sequence[str], *, whole_dev: bool = False, examples: int | None = None,
+                screen: bool = False) -> list[Scored]:
         """Measure and weigh candidate template texts on the dev sample (its first ``examples`` only, when given:
         the first rung of a race, ``pipelines/racing.py``), or on the selection sample with ``whole_dev`` (the
-        whole dev split unless its inputs pass twice ``scoring.dev_tokens``; invalid ones are marked, not raised). Robustness always uses the same small dev sample."""
+        whole dev split unless its inputs pass twice ``scoring.dev_tokens``; invalid ones are marked, not raised).
+        Robustness always uses the same small dev sample. ``screen``: only the target's label log-probs and greedy
+        answers (the reward metric and instruction following) and the instruction's readability; no entity swaps,
+        perturbations or judge, whose components abstain (a race's screening rung)."""
         cfg = self.task
         dev = self.selection if whole_dev else self.dev[:examples] if examples else self.dev
         results: list[Scored | None] = [None] * len(texts)
@@ -400,12 +445,21 @@ class CandidateScorer:
                 valid.append((i, check.template, check.tokens))
         t0 = time.perf_counter()
         spent = self.spent()
-        template_judged = self.template_judge([t.text for _, t, _ in valid]) if valid else []
+        template_judged = self.template_judge([t.text for _, t, _ in valid]) if valid and not screen else [{}] * len(valid)
+        readability = dict(zip((i for i, _, _ in valid), self.readability([t.text for _, t, _ in valid])))
         judge_s = (time.perf_counter() - t0) / max(1, len(valid))
         for (i, template, tokens), judged in zip(valid, template_judged):
             if i != valid[0][0]:  # the first valid candidate carries the template judge's batch
                 spent = self.spent()
             t0 = time.perf_counter()
+            if screen and cfg.scoring.reward_metric == "roc_auc":  # label log-probs alone give the reward metric
+                out = self.responses(template, dev, answers=False)
+                metrics = {"roc_auc": self._reward_metric(out.logprobs, dev)}
+                m = Measured(template=template.text, valid=True, tokens=tokens, max_tokens=cfg.template.max_tokens,
+                             metrics=metrics, reward_metric=cfg.scoring.reward_metric, chance=_reward_chance(cfg),
+                             readability=readability.get(i), timing={"target_s": time.perf_counter() - t0})
+                results[i] = Scored(m, self.reward(m), self.spent_since(spent))
+                continue
             out = self.responses(template, dev)
             if cfg.scoring.decision == "answer":
                 rule = self.fit_decision(template)
@@ -416,14 +470,18 @@ class CandidateScorer:
                 rule = self._calibrated(out.logprobs, dev) if cfg.scoring.decision == "calibrated" else self.fit_decision(template)
                 decided = self.decide(rule, out)
             t1 = time.perf_counter()
-            consistency = self.consistency(template, dev, rule, out, decided)
-            pdr = self.robustness_pdr(template)
+            rates = {"instruction_following": out.kept()}
+            pdr = {}
+            if not screen:
+                rates["entity_consistency"] = self.consistency(template, dev, rule, out, decided)
+                pdr = self.robustness_pdr(template)
             t2 = time.perf_counter()
-            judged = {**judged, **self.judge_responses(dev, out)}
+            if not screen:
+                judged = {**judged, **self.judge_responses(dev, out)}
             m = Measured(
                 template=template.text, valid=True, tokens=tokens, max_tokens=cfg.template.max_tokens,
                 metrics=metrics, reward_metric=cfg.scoring.reward_metric, chance=_reward_chance(cfg), pdr=pdr,
-                judge=judged, rates={"instruction_following": out.kept(), "entity_consistency": consistency},
+                judge=judged, rates=rates, readability=readability.get(i),
                 samples=self.samples(dev, out, decided),
                 timing={"target_s": t1 - t0, "robustness_s": t2 - t1, "judge_s": judge_s + time.perf_counter() - t2},
             )
@@ -503,11 +561,14 @@ class CandidateScorer:
         (judged,) = self.template_judge([template.text])
         judged = {**judged, **self.judge_responses(examples, out)}
         timing["judge_s"] = time.perf_counter() - t0
+        (readability,) = self.readability([template.text])
         m = Measured(
             template=template.text, valid=True, tokens=check.tokens, max_tokens=cfg.template.max_tokens,
+            readability=readability,
             metrics=metrics, reward_metric=cfg.scoring.reward_metric, chance=_reward_chance(cfg),
             pdr=pdr, judge=judged, rates={"instruction_following": out.kept(), "entity_consistency": consistency},
             samples=self.samples(examples, out, decided), timing=timing,
+            outcomes=self.outcomes(examples, out, decided),
         )
         result = Evaluation(m, self.reward(m), split, len(examples), decision)
         if latency:

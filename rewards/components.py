@@ -15,8 +15,10 @@ How each enters the reward (the weights live in the task file):
 * ``instruction_following``: the share of the target's greedy answers that keep the output contract.
 * ``entity_consistency``: the share of inputs with entities whose decision stays the same when the entities
   are replaced by others of the same type (``rewards.entities``); a broken answer keeps nothing.
-* ``threshold_shortfall``: minus the summed shortfall of the rates under the promotion thresholds (0 when all
-  clear them): the gate refuses such a candidate, so the tuner is told before it gets there.
+* ``readability``: how readable the instruction alone is, 0..1, from a frozen small LM and plain text checks
+  (``rewards/readability.py``), not from the judge: the analyst who signs a template off reads it.
+* ``threshold_shortfall``: minus the summed shortfall of the rates and readability under the promotion
+  thresholds (0 when all clear them): the gate refuses such a candidate, so the tuner is told before it gets there.
 * one per judge rubric (``coherence``, ``factual_support``, ...): the judge's mean P(yes), 0..1, over graded
   (input, response) pairs, or over the template's text for a template rubric.
 * ``robustness``: ``1 - mean PDR`` over PromptBench's checklist and stresstest perturbations, clipped to 0..1.
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,10 @@ class Measured:
     judge: Mapping[str, float | None] = field(default_factory=dict)  # rubric -> P(yes), None on judge failure
     rates: Mapping[str, tuple[int, int]] = field(default_factory=dict)  # rate name -> (kept, out of)
     samples: tuple[Mapping, ...] = ()  # a few (input, answer, parsed, contract_kept) rows, for reviewers
+    # per example, for paired tests between templates on the same examples (pipelines/choice.py): a classification
+    # task's "gold" and "decided" labels (None: a broken answer), a generation task's "scores" on its metric
+    outcomes: Mapping[str, Sequence] = field(default_factory=dict)
+    readability: float | None = None  # of the instruction alone, 0..1 (rewards/readability.py); None: not read
     timing: Mapping[str, float] = field(default_factory=dict)
 
     def rate(self, name: str) -> float | None:
@@ -80,12 +86,22 @@ def entity_consistency(m: Measured) -> float | None:
 RATES = ("instruction_following", "entity_consistency")
 
 
+def readability(m: Measured) -> float | None:
+    return m.readability
+
+
 def threshold_shortfall(thresholds: Mapping[str, float]) -> Callable[[Measured], float | None]:
-    """Minus how far the rates fall short of their promotion thresholds, summed (a missing rate counts in full)."""
-    bars = {name: bar for name, bar in thresholds.items() if name in RATES}
+    """Minus how far the rates and readability fall short of their promotion thresholds, summed (a rate measured
+    on no input counts in full; one not measured at all, as a race's screening rung leaves the rates, is left out)."""
+    bars = {name: bar for name, bar in thresholds.items() if name in (*RATES, "readability")}
+
+    def shortfall(m: Measured, name: str, bar: float) -> float:
+        if name == "readability":
+            return 0.0 if m.readability is None else max(0.0, bar - m.readability)
+        return max(0.0, bar - (m.rate(name) or 0.0)) if name in m.rates else 0.0
 
     def component(m: Measured) -> float | None:
-        return -sum(max(0.0, bar - (m.rate(name) or 0.0)) for name, bar in bars.items())
+        return -sum(shortfall(m, name, bar) for name, bar in bars.items())
 
     component.__name__ = "threshold_shortfall"
     return component
@@ -122,6 +138,7 @@ def components_for(rubrics, thresholds: Mapping[str, float] | None = None) -> di
         "label_log_odds": label_log_odds,
         "instruction_following": instruction_following,
         "entity_consistency": entity_consistency,
+        "readability": readability,
         "threshold_shortfall": threshold_shortfall(thresholds or {}),
         "robustness": robustness,
         "length": length,

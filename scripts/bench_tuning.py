@@ -17,7 +17,7 @@ evaluated on the task's test split, which no method reads, under the task's prod
                their own, see below). Without the optional extra (`bash scripts/setup.sh --bench`) their rows
                say "not run": the table keeps its shape.
 The project's methods score candidates through the same racing pool (`pipelines.racing`) and choose among them
-the same way (`pipelines.loop.select_finalists`: the best by step reward re-measured on the whole dev split).
+the same way (`pipelines.choice.choose`: the gate's bars on the whole dev split, the seed in the race).
 Each search gets a pool of its own, so no method reads another's cached scores.
 
 The test split holds ``--test-examples`` (1,000) where the data allow, else the task's own size (the note says
@@ -25,8 +25,8 @@ so); it is carved out before dev and train, so every method of a task sees the s
 
 Per cell: the seeds it ran on, the mean over them, a 95% bootstrap interval of that mean (resampling seeds;
 with one seed it is the value itself), the calls each method spent (the largest over seeds) and its wall time. Next to each method's
-choice: the share of its test answers that keep the output contract, and the judge's grade of its template
-(the task's template rubric, readability: P(yes) of the small judge). The script exits 2 when a method spent
+choice: the share of its test answers that keep the output contract, and the readability of its instruction
+(``rewards/readability.py``). The script exits 2 when a method spent
 more than its budget, or a row is missing.
 
 A full run takes hours on a small machine. With ``--ledger FILE`` each search and each test evaluation is
@@ -143,7 +143,7 @@ def search(task, pool, policy, prompt_for, budget: int, plan, seed: int, spent: 
     """Rounds of candidates until the next round and the choice would overrun ``budget``; then the choice.
     ``prompt_for(history)`` is the meta-prompt of a round; history: (template, reward) of finished candidates."""
     from pipelines.generation import candidate_text
-    from pipelines.loop import select_finalists
+    from pipelines.choice import choose
     from pipelines.racing import race_candidates
     from pipelines.rl import ppo as rl
 
@@ -164,10 +164,12 @@ def search(task, pool, policy, prompt_for, budget: int, plan, seed: int, spent: 
     for text, reward in history:
         best[text] = max(reward, best.get(text, reward))
     ranked = sorted(best, key=lambda text: -best[text])
-    finalists, _, usage = select_finalists(task, pool, ranked, 1)
-    spent += usage["target"].calls if "target" in usage else 0
-    return Outcome(finalists[0] if finalists else task.seed_template().text, spent, time.perf_counter() - started,
-                   f"{r} rounds")
+    seed_text = task.seed_template().text
+    shortlist = [text for text in ranked if text != seed_text][: task.selection.shortlist]
+    evaluations = pool.evaluate([seed_text] + shortlist, "dev")
+    choice = choose(task, evaluations[0], evaluations[1:])
+    spent += sum(ev.usage["target"].calls for ev in evaluations if "target" in ev.usage)
+    return Outcome(choice.chosen or seed_text, spent, time.perf_counter() - started, f"{r} rounds")
 
 
 @functools.cache
@@ -258,7 +260,7 @@ def test_figures(task, ev) -> dict:
     kept = m.rates.get("instruction_following") if m.valid else None
     return {task.scoring.metric: m.metrics.get(task.scoring.metric), "roc_auc": m.metrics.get("roc_auc"),
             "instruction_following": kept[0] / kept[1] if kept and kept[1] else None,
-            "readability": (m.judge or {}).get("readability"), "instruction": instruction_of(task, m.template)}
+            "readability": m.readability, "instruction": instruction_of(task, m.template)}
 
 
 def bootstrap(values: list[float], resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:

@@ -85,7 +85,8 @@ def test_check_passes_prints_each_bar_and_exits_0(server, small_task, store, cap
     lines = out.splitlines()
     assert lines[1].split() == ["bar", "value", "minimum", "result"]
     rows = {line.split()[0]: line.split() for line in lines[3:-1]}
-    assert set(rows) == {"instruction_following", "entity_consistency", "balanced_accuracy"}
+    assert set(rows) == {"instruction_following", "entity_consistency", "readability", "balanced_accuracy"}
+    assert rows["readability"][-1] == "pass"  # the seed instruction reads as one an analyst would sign
     assert rows["instruction_following"][2:] == ["0.820", "pass"] and rows["balanced_accuracy"][2:] == ["0.500", "pass"]
     assert lines[-1] == "check: production version 1 of risk holds on the test split (40 examples)"
 

@@ -99,35 +99,6 @@ def test_a_run_folder_is_never_overwritten(tmp_path, capsys):
     assert "no checkpoint" in capsys.readouterr().err
 
 
-def test_finalists_are_re_ranked_on_the_whole_dev_split():
-    from pipelines.config import load_task
-    from pipelines.loop import select_finalists
-    from pipelines.engine.usage import Usage
-    from pipelines.scoring import Scored
-    from rewards.components import Measured
-    from rewards.weighting import weigh
-
-    task = load_task("risk")
-    whole_dev_auc = {"a": 0.70, "b": 0.90, "c": 0.80, "d": 0.99, "e": 0.5}  # step order was a, b, c, d, e
-
-    class Pool:  # scripted: what the workers would measure on the whole dev split
-        def measure(self, texts, whole_dev=False):
-            assert whole_dev
-            self.asked = list(texts)
-            measured = [Measured(template=t, valid=True, tokens=10, max_tokens=160, metrics={"roc_auc": whole_dev_auc[t]},
-                                 reward_metric="roc_auc", chance=0.5) for t in texts]
-            return [Scored(m, weigh(m, task.reward.weights, task.components(), -1.0), {"target": Usage(7, 70)})
-                    for m in measured]
-
-    pool = Pool()
-    finalists, rows, usage = select_finalists(task, pool, ["a", "b", "c", "d", "e"], 2)
-    assert pool.asked == ["a", "b", "c", "d"]  # the best max(2, 2 x 2) by step reward; "e" is not re-measured
-    assert finalists == ["d", "b"] and [r["template"] for r in rows] == ["d", "b", "c", "a"]
-    assert [r["target_calls"] for r in rows] == [7] * 4  # what the scorer counted, carried into the run's total
-    assert usage == {"target": Usage(28, 280)}
-    assert select_finalists(task, pool, [], 2) == ([], [], {})
-
-
 def test_the_opro_meta_prompt_shows_the_best_instructions_worst_first_with_their_scores():
     from pipelines.config import load_task
     from pipelines.generation import history_meta_prompt

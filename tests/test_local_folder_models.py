@@ -77,7 +77,7 @@ def test_eval_with_a_folder_model(tiny_llama_folder, capsys):
     assert report["valid"] and report["split"] == "dev" and report["examples"] == 24
     assert 0.0 <= report["metrics"]["roc_auc"] <= 1.0 and 0.0 <= report["metrics"]["balanced_accuracy"] <= 1.0
     assert report["rates"]["instruction_following"]["of"] == 24
-    assert set(report["judge"]) == {"coherence", "readability"}  # the folder model judged too
+    assert set(report["judge"]) == {"coherence", "clarity"}  # the folder model judged too
     assert report["latency_ms"]["p95"] > 0
 
 

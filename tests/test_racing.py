@@ -31,6 +31,7 @@ class _Scored:
     reward: _R
     examples: int | None
     usage: dict = field(default_factory=dict)
+    screen: object = None
 
 
 class ScriptedMeasure:
@@ -57,6 +58,11 @@ def test_the_best_on_the_slice_go_on_and_only_they_finish():
     # a finisher's cost is both rungs' (the scorer's cache makes the second pay only for the new examples)
     assert scored[1].usage["target"] == Usage(25 + 100, 1250, 0)
     assert scored[0].usage["target"] == Usage(25, 250, 0)
+    # every sample keeps its first rung's reward: a finisher's as ``screen``, the others' as their only one
+    from pipelines.racing import first_rung_reward
+
+    assert [first_rung_reward(s) for s in scored] == [0.1, 0.9, 0.5, 0.7, 0.2]
+    assert scored[1].screen == _R(0.9) and scored[0].screen is None
 
 
 def test_invalid_candidates_never_go_on_even_when_few_are_valid():
@@ -92,7 +98,8 @@ def test_race_candidates_reads_the_task_and_the_sample_size():
         def __init__(self):
             self.script = ScriptedMeasure({f"t{i}": i / 10 for i in range(8)})
 
-        def measure(self, texts, examples=None):
+        def measure(self, texts, examples=None, screen=False):
+            assert screen == (examples is not None and task.scoring.racing.screen)  # the first rung screens
             return self.script(texts, examples)
 
     measurer = Measurer()

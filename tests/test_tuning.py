@@ -33,22 +33,36 @@ def test_tune_runs_end_to_end_and_fills_wandb_and_the_store(tmp_path, capsys, ra
                  "--run-dir", str(run_dir), "--store", store])
     out = capsys.readouterr().out
     assert code == 0, out
-    assert "held-out test split" in out and "seed" in out and "candidate 1" in out
-    # what production gets, for the seed and each finalist: the figure, the rates with counts, every gate reason
+    assert "held-out test split" in out and "seed" in out
+    # what production gets, for the seed and the chosen candidate: the figure, the rates with counts, every reason
     assert "under the calibrated decision" in out and "instruction_following_n" in out
     assert "the gate on each" in out and ("pass: instruction_following" in out or "fail: instruction_following" in out)
 
     report = json.loads((run_dir / "report.json").read_text())
     assert report["steps"] == 2 and len(report["history"]) == 2
-    for scalars in report["history"]:  # what each step logged
-        for key in ("reward/total/mean", "reward/task_metric/mean", "train/kl", "train/policy_loss",
-                    "train/value_loss", "timing/generate_s", "timing/score_s", "timing/update_s"):
+    for scalars in report["history"]:  # what each step logged: the samples' means, per component too
+        for key in ("reward/total/mean", "reward/task_metric/mean", "reward/readability/mean",
+                    "train/feasible_fraction", "train/best_reward", "train/kl",
+                    "train/policy_loss", "train/value_loss", "timing/generate_s", "timing/score_s", "timing/update_s"):
             assert key in scalars, key
-    assert report["test"][0]["template_name"] == "seed" and len(report["test"]) >= 2
-    # finalists: the shortlist re-ranked by whole-dev reward, best first, tested in that order
-    shortlist = report["shortlist"]
-    assert [r["total_reward"] for r in shortlist] == sorted((r["total_reward"] for r in shortlist), reverse=True)
-    assert [r["template"] for r in report["test"][1:]] == [r["template"] for r in shortlist[: len(report["test"]) - 1]]
+    # ... and the small table the run prints at its end
+    assert [row["step"] for row in report["learning"]] == [1, 2] and "learning: per step" in out
+    for row in report["learning"]:
+        assert 0 <= row["feasible_fraction"] <= 1 and row["mean_reward"] is not None and row["best_so_far"] is not None
+    # the choice on dev: the seed and the 2 shortlisted candidates, every bar with its dev figure
+    choice = report["choice"]
+    assert "the choice on the whole dev split" in out
+    names = [row["name"] for row in choice["ranking"]]
+    assert "seed" in names and len(names) == 3
+    for row in choice["ranking"]:
+        if row["name"] != "seed" and row["valid"]:
+            assert any(b.startswith(("pass: instruction_following", "fail: instruction_following")) for b in row["bars"])
+            assert any("paired bootstrap over 24 dev examples" in b for b in row["bars"])
+    assert report["test"][0]["template_name"] == "seed"
+    if choice["chosen"]:  # only the chosen candidate is tested
+        assert [r["template"] for r in report["test"][1:]] == [choice["chosen"]]
+    else:
+        assert len(report["test"]) == 1 and "no candidate beat the seed on dev; production unchanged" in out
     assert 0.0 <= report["test"][0]["balanced_accuracy"] <= 1.0
     for row in report["test"]:
         kept, total = map(int, row["instruction_following_n"].split("/"))
@@ -73,15 +87,19 @@ def test_tune_runs_end_to_end_and_fills_wandb_and_the_store(tmp_path, capsys, ra
         valid = sum(r[tables[0]["columns"].index("valid")] for r in tables[0]["data"])
         assert len(table["data"]) >= 4 * min(1, valid) and all(isinstance(r[3], str) for r in table["data"])
 
-    # the store: the seed became production, the best candidate was recorded with the gate's reasons
+    # the store: the seed became production; a chosen candidate was recorded with the gate's reasons
     from templates.store import TemplateStore
 
     with TemplateStore(store, create=False) as s:
         versions = s.list_versions("risk-small")
-        assert len(versions) == 2
-        candidate = versions[-1]
-        assert candidate.parent_id == versions[0].id and candidate.decision.reasons
-        assert "test" in candidate.scores and "latency_p95_ms" in candidate.latency
+        assert len(versions) == (2 if choice["chosen"] else 1)
+        if choice["chosen"]:
+            candidate = versions[-1]
+            assert candidate.parent_id == versions[0].id and candidate.decision.reasons
+            assert "test" in candidate.scores and "latency_p95_ms" in candidate.latency
+        else:
+            assert report["promotion"]["promoted"] is False
+            assert report["promotion"]["reasons"][0].startswith("no candidate beat the seed on dev")
         assert s.get_label("risk-small", "production") is not None
 
 
