@@ -458,7 +458,7 @@ def print_final_table(task: TaskConfig, report: dict) -> None:
     metric = task.scoring.metric
     second = "token_f1" if task.is_generation else "roc_auc"
     columns = ["template_name", metric, *([second] if second != metric else []), "instruction_following_n", "instruction_following",
-               "entity_consistency_n", "entity_consistency", "total_reward", *task.judge.all_rubrics,
+               "entity_consistency_n", "entity_consistency", "readability", "total_reward", *task.judge.all_rubrics,
                *[k for k in rows[0] if k.startswith("pdr/")], "tokens", "latency_p95_ms", "gate_passed"]
     decision = next((r["decision"] for r in rows if r.get("decision")), task.scoring.decision)
     print(f"\nheld-out test split ({task.name}): the seed template{' vs the chosen candidate' if len(rows) > 1 else ''}; "

@@ -384,7 +384,7 @@ def _final_row(task: TaskConfig, name: str, ev, gate) -> dict:
     row = {"template_name": name, "instruction": instruction_of(task, m.template), "valid": m.valid,
            "decision": ev.decision.kind if ev.decision else None,
            "total_reward": ev.reward.total, **{k: m.metrics.get(k) for k in _metric_names(task)},
-           **{name: ev.reward.components.get(name) for name in RATES},
+           **{name: ev.reward.components.get(name) for name in (*RATES, "readability")},
            **{f"{name}_n": rate_text(m, name) for name in RATES},
            "tokens": m.tokens, "latency_p95_ms": lat.p95_ms if lat else None,
            "render_us_p99": lat.render_us_p99 if lat else None, "template": m.template,

@@ -1,10 +1,11 @@
 """Benchmark: the default tuning run, end to end, for several seeds: wall time and what it found.
 
-Each seed runs `tune-prompts --task T --seed S --no-store --wandb-mode disabled` in its own process (the run a
-user starts, start-up included), one after the other, and the script reads each run's report. It prints, per
-seed, the wall time, the target calls, the held-out figures of the seed template and the tuned finalist
-(balanced accuracy under the task's decision, ROC-AUC, instruction following); then the mean of each and a 95%
-interval over the seeds (Student's t; with 3 seeds it is wide: a difference inside it is not a difference).
+Each seed runs `tune-prompts --task T --seed S --store <a fresh SQLite store> --wandb-mode disabled` in its own
+process (the run a user starts, start-up included), one after the other, and the script reads each run's report.
+It prints, per seed, the wall time, the target calls, whether the gate promoted, the held-out figures of the seed
+template and of what was tested (the chosen candidate, or the seed when nothing was chosen: balanced accuracy
+under the task's decision, ROC-AUC, the rates, readability), the choice's verdict and the gate's reasons; then
+the mean of each and a 95% interval over the seeds (Student's t; with 3 seeds it is wide).
 
 --code runs another checkout of this project (e.g. a `git worktree` of an earlier commit), so the same script
 compares two versions of the default run on the same machine, one after the other:
@@ -48,10 +49,22 @@ def interval(values: list[float]) -> tuple[float, float, float]:
     return mean, mean - half, mean + half
 
 
+def machine() -> str:
+    """The CPU and the dtype the embedded model runs in here (name them with every figure)."""
+    from pipelines.engine.models import default_dtype
+
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "cpu")
+    bf16 = "avx512_bf16" in info or "amx_bf16" in info
+    return f"{name}, {os.cpu_count()} cores, {'AVX-512 BF16' if bf16 else 'no AVX-512 BF16'}, {default_dtype()}"
+
+
 def run_once(code: Path, task: str, seed: int, extra: list[str], run_dir: Path) -> tuple[dict, float]:
     python = Path(sys.executable)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    store = f"sqlite:///{run_dir.parent / (run_dir.name + '-store.sqlite')}"  # a fresh store per seed
     cmd = [str(python), "-m", "pipelines.cli", "--task", task, "--seed", str(seed), "--run-dir", str(run_dir),
-           "--no-store", "--wandb-mode", "disabled", *extra]
+           "--store", store, "--wandb-mode", "disabled", *extra]
     env = {**os.environ, "PYTHONPATH": str(code)}
     started = time.perf_counter()
     done = subprocess.run(cmd, cwd=code, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -79,15 +92,24 @@ def main() -> int:
             report, wall = run_once(code, task, seed, extra, Path(tmp) / f"seed{seed}")
             seed_row, tuned = report["test"][0], (report["test"][1:] or report["test"])[0]
             metric = "balanced_accuracy" if "balanced_accuracy" in seed_row else "field_exact_match"
+            promotion = report.get("promotion", {})
             rows.append({"seed": seed, "wall_s": round(wall, 1), "target_calls": report["target_calls"],
+                         "promoted": bool(promotion.get("promoted")),
                          f"seed_{metric}": seed_row[metric], f"tuned_{metric}": tuned[metric],
                          "tuned_roc_auc": tuned.get("roc_auc"), "tuned_instruction_following": tuned.get("instruction_following_n"),
-                         "instruction": tuned["instruction"]})
-            print(table([rows[-1]], [k for k in rows[-1] if k != "instruction"]), flush=True)
-    metric_cols = [k for k in rows[0] if k.startswith(("seed_", "tuned_")) and isinstance(rows[0][k], (int, float))]
+                         "tuned_entity_consistency": tuned.get("entity_consistency_n"),
+                         "tuned_readability": tuned.get("readability"),
+                         "instruction": tuned["instruction"], "choice": report["choice"]["verdict"],
+                         "gate_reasons": promotion.get("reasons", tuned.get("gate_reasons")),
+                         "machine": machine()})
+            print(table([rows[-1]], [k for k in rows[-1] if k not in ("instruction", "choice", "gate_reasons", "machine")]),
+                  flush=True)
+    metric_cols = [k for k in rows[0] if k.startswith(("seed_", "tuned_")) and isinstance(rows[0][k], (int, float))
+                   and not isinstance(rows[0][k], bool)]
     print(f"\n{task}, code at {commit} ({code}), {len(rows)} seed{'s' if len(rows) != 1 else ''}; extra arguments: "
           f"{' '.join(extra) or 'none'}")
-    print(table(rows, [k for k in rows[0] if k != "instruction"]))
+    shown = [k for k in rows[0] if k not in ("instruction", "choice", "gate_reasons", "machine")]
+    print(table(rows, shown))
     summary = []
     for col in ["wall_s", "target_calls", *metric_cols]:
         values = [float(r[col]) for r in rows if r[col] is not None]
@@ -96,7 +118,8 @@ def main() -> int:
                         "min": min(values), "max": max(values)})
     print(table(summary))
     for r in rows:
-        print(f"  seed {r['seed']}: {r['instruction'][:120]!r}")
+        print(f"  seed {r['seed']}: {'PROMOTED' if r['promoted'] else 'not promoted'}: {r['instruction']!r}; {r['choice']}")
+    print(f"machine: {rows[0]['machine']}")
     if args.out:
         Path(args.out).write_text(json.dumps({"task": task, "commit": commit, "rows": rows, "summary": summary}, indent=1))
     return 0
