@@ -50,11 +50,12 @@ class Paired:
 class Choice:
     chosen: str | None  # the template text that goes to test; None: the seed stays
     verdict: str  # one plain line
+    metric: str  # the gate's metric, the one the rows are ranked by
     rows: list[dict] = field(default_factory=list)  # the seed and every shortlisted candidate, ranked, best first
 
     def as_dict(self) -> dict:
         return {"chosen": self.chosen, "verdict": self.verdict, "ranking": self.rows,
-                "front": pareto_front(self.rows)}
+                "front": pareto_front(self.rows, self.metric)}
 
 
 def dev_bars(task: TaskConfig) -> PromotionConfig:
@@ -141,7 +142,7 @@ def choose(task: TaskConfig, seed, candidates: Sequence) -> Choice:
     seed_row = _row(task, seed, "seed", _on_dev(decide(_dev_measurements(seed, metric), None, bars)), None)
     seed_row["feasible"] = None  # production already: it is compared with, not gated
     if not candidates:
-        return Choice(None, f"{NO_WINNER} (the run has no valid candidate)", [seed_row])
+        return Choice(None, f"{NO_WINNER} (the run has no valid candidate)", metric, [seed_row])
     rows, evs = [], {}
     n = len(next(iter(seed.measured.outcomes.values())))
     idx = resamples(task, n)
@@ -181,13 +182,11 @@ def choose(task: TaskConfig, seed, candidates: Sequence) -> Choice:
             verdict = f"{NO_WINNER} (best candidate, {closest['name']}, missed: {missed})"
     ranked = sorted(rows, key=lambda r: (not r["chosen"], not (r["feasible"] and r["beats_seed"]), not r["feasible"],
                                          -(r[metric] if r[metric] is not None else -1)))
-    return Choice(pick["template"] if pick else None, verdict, ranked + [seed_row])
+    return Choice(pick["template"] if pick else None, verdict, metric, ranked + [seed_row])
 
 
-def pareto_front(rows: Sequence[dict]) -> list[dict]:
-    """The templates no other beats on both the metric and the token count (the metric against tokens)."""
-    metric = next((k for k in ("balanced_accuracy", "accuracy", "macro_f1", "roc_auc", "field_exact_match",
-                               "token_f1", "contract_rate") if rows and k in rows[0]), None)
+def pareto_front(rows: Sequence[dict], metric: str) -> list[dict]:
+    """The templates no other beats on both ``metric`` and the token count (the metric against tokens)."""
     points = [r for r in rows if r.get("valid") and r.get(metric) is not None and r.get("tokens") is not None]
     front = [r for r in points if not any(o[metric] >= r[metric] and o["tokens"] <= r["tokens"] and
                                           (o[metric] > r[metric] or o["tokens"] < r["tokens"]) for o in points)]

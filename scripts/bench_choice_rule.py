@@ -4,7 +4,7 @@ Every method of `scripts/bench_tuning.py` ships its dev-only choice: the best of
 dev reward, so the winner's dev figure is biased up (the winner's curse), and on sentiment every choice lands
 under the seed template on the test split. The guard keeps the seed unless the choice beats it on dev with
 one-sided 95% confidence: a paired bootstrap, over the examples of the selection sample (the whole-dev sample
-`pipelines.loop.select_finalists` ranks on), of the difference in the task's reward metric (ROC-AUC of the label
+the former `pipelines.loop.select_finalists` ranked on, before `pipelines.choice`), of the difference in the task's reward metric (ROC-AUC of the label
 log-odds). It reads dev only, like the choice itself.
 
 For each task, seed and method the ledger holds a finished search for (same fingerprint as `bench_tuning.py`

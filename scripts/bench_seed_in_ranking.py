@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Benchmark: what would each method ship if the seed template stayed in the choice's ranking? From the ledger.
 
-The choice step (`pipelines.loop.select_finalists`, and the bench's `search`) measures the best candidates again on
+The former choice step (`pipelines.loop.select_finalists`, replaced by `pipelines.choice`, and the bench's `search`) measures the best candidates again on
 the whole dev selection sample and takes the best by total reward, but never ranks the seed template with them: when
 no candidate of a search beats the seed, it still ships the best candidate, one its own reward ranks under the seed
 (PPO's snippets choices, whose answers leave the format). With the seed in that ranking, the choice would be the seed

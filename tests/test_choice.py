@@ -109,7 +109,7 @@ def test_the_front_keeps_what_nothing_beats_on_both_metric_and_tokens():
     rows = [{"name": "a", "valid": True, "tokens": 10, "balanced_accuracy": 0.7},
             {"name": "b", "valid": True, "tokens": 20, "balanced_accuracy": 0.8},
             {"name": "c", "valid": True, "tokens": 30, "balanced_accuracy": 0.75}]
-    assert [p["name"] for p in pareto_front(rows)] == ["a", "b"]
+    assert [p["name"] for p in pareto_front(rows, "balanced_accuracy")] == ["a", "b"]
 
 
 def test_the_shortlist_puts_candidates_that_met_the_bars_in_their_step_first(task):
