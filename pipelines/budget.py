@@ -66,10 +66,16 @@ class Plan:
     steps: int
     phases: dict[str, dict[str, Usage]] = field(default_factory=dict)
     work: dict[str, int] = field(default_factory=dict)  # phase -> tokens a local target and judge compute
+    chosen_test: dict[str, Usage] = field(default_factory=dict)  # the chosen candidate's part of the test phase
 
-    def total(self, steps: int | None = None) -> dict[str, Usage]:
+    def total(self, steps: int | None = None, *, chosen: bool = True) -> dict[str, Usage]:
+        """The run's cost after ``steps`` steps; without ``chosen``, less the chosen candidate's test (a run whose
+        choice kept the seed tests the seed alone)."""
         steps = self.steps if steps is None else steps
         out = {role: Usage() for role in ROLES}
+        if not chosen:
+            for role, usage in self.chosen_test.items():
+                out[role] = out[role] - usage
         for phase, per_role in self.phases.items():
             times = steps if phase == "steps" else 1
             for role, usage in per_role.items():
@@ -261,8 +267,15 @@ def estimate(task: TaskConfig, options: RunOptions, splits: Splits, tokenizer) -
     shortlist_size = min(options.finalists or task.selection.shortlist, options.steps * k)
     shortlist = [task.compose(t) for t in synthetic_instructions(task, tokenizer, shortlist_size, offset=k)]
     scorer.measure(shortlist)  # what the steps already paid for
-    plan.phases["select"] = priced(lambda: [scorer.evaluate(text, "dev", latency=True) for text in [seed] + shortlist],
-                                   "select")
+    plan.phases["select"] = priced(lambda: [scorer.evaluate(text, "dev", latency=True) for text in shortlist], "select")
+    # the seed's dev evaluation runs beside its first measurement, on the other worker, whose cache holds nothing
+    # (ScoringPool.seed): priced on a fresh scorer
+    fresh = counting_models(task, tokenizer, options.target, options.judge)
+    seeder = CandidateScorer(task, splits, *fresh, tokenizer, reward_examples=options.dev_examples)
+    seeder.evaluate(seed, "dev", latency=True)
+    plan.phases["select"] = {role: plan.phases["select"].get(role, Usage()) + usage
+                             for role, usage in seeder.spent().items()}
+    plan.work["select"] += sum(model.work for model in fresh)
     finalists = shortlist[:1]  # at most one candidate is tested
 
     # the test: the pool tests templates side by side (ScoringPool._assign). The seed comes first and stays on
@@ -274,6 +287,7 @@ def estimate(task: TaskConfig, options: RunOptions, splits: Splits, tokenizer) -
     tester = CandidateScorer(task, splits, *fresh, tokenizer, reward_examples=options.dev_examples)
     for text in finalists:
         tester.evaluate(text, "test", latency=True)
+    plan.chosen_test = tester.spent()
     plan.phases["test"] = {role: seed_test.get(role, Usage()) + usage for role, usage in tester.spent().items()}
     plan.work["test"] += sum(model.work for model in fresh)
     return plan

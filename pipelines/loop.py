@@ -223,7 +223,8 @@ def _run(task, options, pool, learner, tokenizer, tracker, state: LoopState, run
     report = {"task": task.name, "run_dir": str(run_dir), "steps": state.step, "stopped": state.stopped,
               "wandb_folder": tracker.folder, "target_calls": spent["target"].calls,
               "usage": {"total": {role: u.as_dict() for role, u in spent.items()}, "phases": state.usage},
-              "estimate": {**plan.as_dict(), "for_steps_run": {role: u.as_dict() for role, u in plan.total(state.step).items()}},
+              "estimate": {**plan.as_dict(), "for_steps_run": {role: u.as_dict() for role, u in
+                                                     plan.total(state.step, chosen=choice.chosen is not None).items()}},
               "choice": choice.as_dict(), "test": final_rows, "history": state.history, "learning": learning,
               "scorer_workers_replaced": pool.replaced, "timings": timings}
     # 8. promote: the chosen candidate goes through the gate into the store (with none, the store only learns the

@@ -130,13 +130,14 @@ def test_a_run_stops_at_its_budget_tests_its_best_and_spends_what_was_estimated(
     for role in ("target", "policy"):  # tokens are priced at their longest
         assert spent[role]["prompt_tokens"] <= expected[role]["prompt_tokens"]
         assert spent[role]["completion_tokens"] <= expected[role]["completion_tokens"]
-    # the best candidate so far was tested and recorded; each step logged its calls and tokens
-    assert len(report["test"]) == 2 and report["promotion"]
+    # the choice on dev was tested (the seed alone when it kept the seed) and recorded; each step logged its calls
+    chosen = report["choice"]["chosen"] is not None
+    assert len(report["test"]) == 1 + chosen and report["promotion"]
     assert {"usage/target/calls", "usage/judge/prompt_tokens", "usage/policy/completion_tokens"} <= set(report["history"][0])
     from templates.store import TemplateStore
 
     with TemplateStore(store, create=False) as s:
-        assert len(s.list_versions("risk-small")) == 2
+        assert len(s.list_versions("risk-small")) == 1 + chosen
 
 
 # --- the counting stand-ins price what the real scorers spend, call for call ---------------------------------
