@@ -62,7 +62,7 @@ def dev_bars(task: TaskConfig) -> PromotionConfig:
     """The gate's bars as the choice reads them on dev: each threshold raised by ``rate_margin``, the latency
     ceiling lowered by ``latency_margin``."""
     config, sel = task.promotion_config(), task.selection
-    increase = max(0.0, (1 + config.max_latency_p95_increase) * (1 - sel.latency_margin) - 1)
+    increase = max(0.0, task.latency_ceiling() - 1)
     return dataclasses.replace(config, thresholds={k: v + sel.rate_margin for k, v in config.thresholds.items()},
                                max_latency_p95_increase=increase)
 

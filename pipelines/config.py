@@ -120,6 +120,11 @@ class RacingConfig(_Strict):
                          "perturbations or judge; the policy learns from that reward, which every sample has")
     keep: int = Field(2, ge=1, description="candidates of a step measured on the rest of the sample (the best by "
                       "reward on the slice); only they can enter the leaderboard")
+    second: Literal["full", "screen"] = Field(
+        "full", description="what the second rung measures on the whole sample: full: every component (answers, "
+        "entity swaps, perturbations, judge); screen: what the first rung does (with screen), on more examples, "
+        "for a steadier reward at a fraction of the cost: the choice then measures everything, on the dev split. "
+        "The seed's step measurement is the same kind, so the leaderboard compares like with like")
     first_tokens: int | None = Field(
         1500, gt=0, description="input tokens the first slice may hold (at least 12 examples, or first_examples if "
         "fewer): a task of long inputs, whose dev sample scoring.dev_tokens already shortened, races on fewer "
@@ -165,6 +170,11 @@ class ScoringConfig(_Strict):
         "denominator says how many (the 219 of risk's 400 test messages that have entities hold about 11,200); "
         "null: every input")
     racing: RacingConfig = RacingConfig()
+    search_split: Literal["train", "dev"] = Field(
+        "train", description="the split a step's rewards read (the search sample): train keeps the dev split for the "
+        "choice alone, so its paired test against the seed is not run on the examples the shortlist was picked on "
+        "(on dev, a candidate picked on dev's first 100 examples won +0.070 over the seed, p 0.014, and +0.005 on "
+        "test); dev: the former way")
     dev_tokens: int | None = Field(
         7000, gt=0, description="input tokens a candidate's dev sample may hold (the selection sample: twice that): "
         "a task of long inputs reads fewer examples per reward, so a run's cost follows tokens (risk's 100 SMS "
@@ -294,8 +304,9 @@ class GenerationConfig(_Strict):
         "Task: {description}\n"
         "Current instruction: \"{instruction}\"\n"
         "Weakest points of the current prompt: {weaknesses}.\n"
-        "Write a better instruction for this task in one to three sentences. Reply with the instruction only.",
-        description="what the policy reads; fills {description}, {instruction}, {weaknesses}",
+        "Write a better instruction for this task in one short sentence. Reply with the instruction only.",
+        description="what the policy reads; fills {description}, {instruction}, {weaknesses} (one short sentence: "
+        "a longer prompt is a slower request, and the gate bounds latency)",
     )
 
 
@@ -487,9 +498,15 @@ class TaskConfig(_Strict):
         except (TypeError, ValueError) as exc:
             raise ValueError(f"promotion: {exc}") from None
 
+    def latency_ceiling(self) -> float:
+        """The latency ratio over the seed that the choice lets a candidate reach on dev: the gate's ceiling
+        (1 + ``promotion.max_latency_p95_increase``) less ``selection.latency_margin`` of it."""
+        return (1 + self.promotion.max_latency_p95_increase) * (1 - self.selection.latency_margin)
+
     def components(self) -> dict:
-        """Every reward component function, by name: the fixed ones, then one per judge rubric."""
-        return components_for(self.judge.all_rubrics, self.promotion.thresholds)
+        """Every reward component function, by name: the fixed ones, then one per judge rubric (the shortfall's
+        latency ceiling is the choice's: a candidate the choice would refuse as slow earns less)."""
+        return components_for(self.judge.all_rubrics, self.promotion.thresholds, self.latency_ceiling())
 
     @property
     def component_names(self) -> tuple[str, ...]:

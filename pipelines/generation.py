@@ -21,7 +21,7 @@ DESCRIBE = {
     "length": "it is long",
     "instruction_following": "the answers it gets do not start with one of the answer words",
     "entity_consistency": "its answers change when the numbers, amounts or links in the input change",
-    "threshold_shortfall": "the answers it gets break the required answer format",
+    "threshold_shortfall": "it is too long, unclear, or its answers break the required answer format",
     "coherence": "the answers it gets are unclear",
     "readability": "it is unclear",
 }

@@ -152,9 +152,9 @@ def _run(task, options, pool, learner, tokenizer, tracker, state: LoopState, run
 
     timings = {}
     seed_text = task.seed_template().text
-    seed_dev = None  # the seed's evaluation on the whole dev split, for the choice (made now on the idle worker)
+    seed_dev = None  # what waits for the seed's evaluation on the whole dev split, for the choice (ScoringPool.seed)
     if not state.leaderboard:  # the seed is the first incumbent the policy improves on
-        seed, seed_dev = pool.seed(seed_text)
+        seed, seed_dev = pool.seed(seed_text, evaluate=options.choose)
         state.charge("seed", seed.usage)
         state.leaderboard = [_row(task, 0, seed)]
         _save_checkpoint(run_dir, learner, state)  # a server that dies in step 1 does not cost the seed again
@@ -170,7 +170,7 @@ def _run(task, options, pool, learner, tokenizer, tracker, state: LoopState, run
                     "testing the best candidate so far")
                 _save_checkpoint(run_dir, learner, state)
                 break
-        rows, scalars = train_step(task, pool, learner, tokenizer, state, step)
+        rows, scalars = train_step(task, pool, learner, tokenizer, state, step, last=step == options.steps - 1)
         tracker.log_step(state.step, scalars, rows)
         _save_checkpoint(run_dir, learner, state)
         steps.set_postfix(reward=f"{scalars['reward/total/mean']:.3f}", best=f"{state.leaderboard[0]['total_reward']:.3f}")
@@ -187,9 +187,10 @@ def _run(task, options, pool, learner, tokenizer, tracker, state: LoopState, run
     shortlist = shortlist_of(task, state.leaderboard, seed_text, options.finalists or task.selection.shortlist)
     log(f"choosing on the whole dev split: the seed and {len(shortlist)} candidate{'' if len(shortlist) == 1 else 's'} "
         "under the gate's bars ...")
-    dev_evaluations = pool.evaluate(shortlist if seed_dev else [seed_text] + shortlist, "dev")
+    dev_evaluations = pool.evaluate(shortlist if seed_dev else [seed_text] + shortlist, "dev", latency=False)
     if seed_dev is not None:  # a resumed run evaluates the seed again
-        dev_evaluations = [seed_dev] + dev_evaluations
+        dev_evaluations = [seed_dev()] + dev_evaluations
+    pool.time(dev_evaluations, "dev")  # the seed and the finalists timed together, their requests interleaved
     choice = choose(task, dev_evaluations[0], dev_evaluations[1:])
     select_usage = sum_usage(*(ev.usage for ev in dev_evaluations))
     timings["timing/select_s"] = time.perf_counter() - t
@@ -237,8 +238,10 @@ def _run(task, options, pool, learner, tokenizer, tracker, state: LoopState, run
     return report
 
 
-def train_step(task: TaskConfig, pool, learner, tokenizer, state: LoopState, step: int) -> tuple[list[dict], dict]:
-    """One PPO step; updates ``state`` and returns the step's candidate rows and scalars."""
+def train_step(task: TaskConfig, pool, learner, tokenizer, state: LoopState, step: int, *, last: bool = False
+               ) -> tuple[list[dict], dict]:
+    """One PPO step; updates ``state`` and returns the step's candidate rows and scalars (``last``: the run's
+    last step, whose update is deferred, ``PPOLearner.defer``)."""
     from pipelines.rl import ppo as rl
 
     timing = {}
@@ -256,9 +259,15 @@ def train_step(task: TaskConfig, pool, learner, tokenizer, state: LoopState, ste
     t = time.perf_counter()
     scored, finished = race_candidates(task, pool, texts)
     timing["timing/score_s"] = time.perf_counter() - t
-    # 4. update the policy with OpenRLHF's PPO losses and advantage estimator
+    # 4. update the policy with OpenRLHF's PPO losses and advantage estimator; the run's last step defers its
+    # update (it would change only samples never drawn; the checkpoint keeps the batch for a resumed run)
     t = time.perf_counter()
-    train = learner.step(batch.with_rewards([first_rung_reward(s) for s in scored]))
+    rewarded = batch.with_rewards([first_rung_reward(s) for s in scored])
+    if last:
+        learner.defer(rewarded)
+        train = {}
+    else:
+        train = learner.step(rewarded)
     timing["timing/update_s"] = time.perf_counter() - t
     # 5. keep the best candidates seen so far (of those that finished the race)
     rows = [{**_row(task, step + 1, s), "finished_race": done} for s, done in zip(scored, finished)]
@@ -318,20 +327,24 @@ def shortlist_of(task: TaskConfig, leaderboard: list[dict], seed_text: str, n: i
     step measurements met the promotion thresholds, then the best of the rest (never the seed: it is always
     evaluated beside them)."""
     rows = [row for row in leaderboard if row["template"] != seed_text and row.get("valid", True)]
-    return [row["template"] for row in sorted(rows, key=lambda r: (not meets_bars(task, r), -r["total_reward"]))[:n]]
+    return [row["template"] for row in sorted(rows, key=lambda r: (not meets_bars(task, r, measured_only=True),
+                                                                   -r["total_reward"]))[:n]]
 
 
 def meets_bars(task: TaskConfig, row: dict, *, measured_only: bool = False) -> bool:
-    """Whether a candidate's step measurements met every promotion threshold (a rate it was not measured on fails;
-    with ``measured_only``, as for a screened sample, it is left out)."""
-    return bool(row["valid"]) and all(row[name] >= bar if row.get(name) is not None else measured_only
-                                      for name, bar in task.promotion.thresholds.items())
+    """Whether a candidate's step measurements met every promotion threshold and its prompts' predicted latency
+    the choice's ceiling (a rate it was not measured on fails; with ``measured_only``, as for a screened sample,
+    it is left out)."""
+    ratio = row.get("prompt_ratio")
+    return bool(row["valid"]) and (ratio is None or ratio <= task.latency_ceiling()) and all(
+        row[name] >= bar if row.get(name) is not None else measured_only for name, bar in task.promotion.thresholds.items())
 
 
 def _sampled(task: TaskConfig, scored) -> dict:
     """One sample as the policy saw it: its first-rung reward and components (``pipelines.racing.first_rung_reward``)."""
     reward = scored.screen or scored.reward
-    return {"valid": scored.measured.valid, "total_reward": reward.total, **reward.components}
+    return {"valid": scored.measured.valid, "total_reward": reward.total, "prompt_ratio": scored.measured.prompt_ratio,
+            **reward.components}
 
 
 def learning_table(history: list[dict], sampled: list[dict] | None = None) -> list[dict]:
@@ -354,7 +367,8 @@ def rate_text(m, name: str) -> str | None:
 def _row(task: TaskConfig, step: int, scored) -> dict:
     m, reward = scored.measured, scored.reward
     row = {"step": step, "template": m.template, "instruction": instruction_of(task, m.template), "valid": m.valid,
-           "tokens": m.tokens, "total_reward": reward.total, "invalid_reasons": "; ".join(m.reasons),
+           "tokens": m.tokens, "prompt_ratio": m.prompt_ratio, "total_reward": reward.total,
+           "invalid_reasons": "; ".join(m.reasons),
            task.scoring.reward_metric: m.metrics.get(task.scoring.reward_metric), "target_calls": scored.target_calls,
            "judge_calls": scored.usage["judge"].calls if "judge" in scored.usage else 0}
     row.update(reward.components)

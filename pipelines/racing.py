@@ -56,8 +56,9 @@ def race_candidates(task: TaskConfig, measurer, texts: Sequence[str]) -> tuple[l
     ``measure(texts, examples=...)``, ``sample_size`` and ``first_rung`` (the Ray ``ScoringPool``, a
     ``CandidateScorer``, which sizes the first slice: ``racing.first_examples``, fewer when their inputs pass
     ``racing.first_tokens``)."""
-    screen = task.scoring.racing.screen
-    return race(lambda part, n: measurer.measure(part, examples=n, screen=screen and n is not None), texts,
+    racing = task.scoring.racing
+    screen = lambda n: racing.screen and (n is not None or racing.second == "screen")  # noqa: E731
+    return race(lambda part, n: measurer.measure(part, examples=n, screen=screen(n)), texts,
                 measurer.first_rung, task.scoring.racing.keep, measurer.sample_size)
 
 

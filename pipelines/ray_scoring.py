@@ -64,11 +64,10 @@ class ScoringWorker:
     def evaluate(self, texts: list[str], split: str):
         return [self.scorer.evaluate(text, split, latency=False) for text in texts]
 
-    def latency(self, text: str, split: str):
-        """The template's latency, and the calls its probe requests took (a server bills them too)."""
-        before = self.scorer.spent()
-        latency = self.scorer.latency(self.scorer.validate(text).template, split)
-        return latency, self.scorer.spent_since(before)
+    def latencies(self, texts: list[str], split: str):
+        """Each template's latency, their requests interleaved, and the calls its probe requests took (a server
+        bills them too)."""
+        return self.scorer.latencies([self.scorer.validate(text).template for text in texts], split)
 
     def ready(self) -> int:
         return os.getpid()
@@ -97,6 +96,7 @@ class ScoringPool:
                 log.warning("%d scoring workers asked for, %d CPUs free in Ray: starting %d", num_workers, available, available)
                 num_workers = available
             self.cpus = available // num_workers
+        self.task = task
         self._worker_args = dict(task=task, splits=splits, target=target, judge=judge, threads=self.cpus,
                                  reward_examples=reward_examples)
         self.workers = [self._start() for _ in range(num_workers)]
@@ -138,35 +138,50 @@ class ScoringPool:
         return self._gather(len(texts), chunks, results)
 
     def evaluate(self, texts: Sequence[str], split: str, latency: bool = True) -> list:
-        """``Evaluation``s across the workers; then, with ``latency``, each valid template is timed on its own
-        (one worker at a time, so the other workers' compute does not inflate the figure)."""
+        """``Evaluation``s across the workers; then, with ``latency``, the valid templates are timed together
+        (``time``)."""
         chunks = self._assign(texts, balance=True)
         results = self._run({w: lambda worker, part=[texts[j] for j in chunk]: worker.evaluate.remote(part, split)
                              for w, chunk in chunks.items()})
         evaluations = self._gather(len(texts), chunks, results)
         if latency:
-            for text, ev in zip(texts, evaluations):
-                if ev.measured.valid:
-                    home = self._home[text]
-                    ev.latency, probes = self._run({home: lambda worker: worker.latency.remote(text, split)})[home]
-                    ev.usage = {role: ev.usage.get(role, Usage()) + usage for role, usage in probes.items()}
+            self.time(evaluations, split)
         return evaluations
 
-    def seed(self, text: str) -> tuple:
-        """The seed's ``Scored`` on the dev sample and its ``Evaluation`` on the whole dev split (for the choice),
-        side by side on two workers where there are two (the seed step leaves the second idle otherwise); the
-        evaluation's latency probe runs after both, alone, like every probe."""
+    def time(self, evaluations: Sequence, split: str) -> None:
+        """Set each valid evaluation's latency: on one worker while the others wait (their compute would inflate
+        the figure), the templates' requests interleaved (``CandidateScorer.latencies``: a machine whose speed
+        drifts while they are timed drifts for all of them, so the gate's ratio holds). Their probes' calls are
+        added to each evaluation's usage."""
+        timed = [ev for ev in evaluations if ev.measured.valid]
+        if not timed:
+            return
+        texts = [ev.measured.template for ev in timed]
+        found = self._run({0: lambda worker: worker.latencies.remote(texts, split)})[0]
+        for ev, (latency, probes) in zip(timed, found):
+            ev.latency = latency
+            ev.usage = {role: ev.usage.get(role, Usage()) + usage for role, usage in probes.items()}
+
+    def seed(self, text: str, evaluate: bool = True) -> tuple:
+        """The seed's ``Scored`` on the search sample, and what waits for its ``Evaluation`` on the whole dev split
+        (for the choice; call it then). With two workers or more the evaluation runs on the second while the first
+        measures the seed and the steps begin: the evaluation costs the most, and nothing before the choice reads
+        it (the second worker's share of step 1 waits for it; the first worker's does not). The evaluation is not
+        timed: the choice times it beside the candidates (``time``). Without ``evaluate`` (a run with no choice),
+        the seed is measured only."""
+        racing = self.task.scoring.racing
+        screen = racing.screen and racing.second == "screen"  # measured like the candidates it is ranked with
+        if not evaluate:
+            return self.measure([text], screen=screen)[0], None
         if len(self.workers) < 2:
-            (scored,) = self.measure([text])
-            (evaluation,) = self.evaluate([text], "dev")
-            return scored, evaluation
+            (scored,) = self.measure([text], screen=screen)
+            (evaluation,) = self.evaluate([text], "dev", latency=False)
+            return scored, lambda: evaluation
         self._home[text] = 0
-        done = self._run({0: lambda worker: worker.measure.remote([text], False, None, False),
-                          1: lambda worker: worker.evaluate.remote([text], "dev")})
-        (scored,), (evaluation,) = done[0], done[1]
-        evaluation.latency, probes = self._run({1: lambda worker: worker.latency.remote(text, "dev")})[1]
-        evaluation.usage = {role: evaluation.usage.get(role, Usage()) + u for role, u in probes.items()}
-        return scored, evaluation
+        call = {1: lambda worker: worker.evaluate.remote([text], "dev")}
+        pending = self._submit(call)
+        (scored,) = self._run({0: lambda worker: worker.measure.remote([text], False, None, screen)})[0]
+        return scored, lambda: self._run(call, pending)[1][0]
 
     def _assign(self, texts: Sequence[str], balance: bool = False) -> dict[int, list[int]]:
         """Indices of ``texts`` per worker (workers with nothing to do left out): a template goes back to the
@@ -194,10 +209,14 @@ class ScoringPool:
                 out[j] = value
         return out
 
-    def _run(self, calls: dict[int, Call]) -> dict:
-        """Run calls[i] on worker i, concurrently; replace a worker that dies and run its call again."""
+    def _submit(self, calls: dict[int, Call]) -> dict:
+        return {i: call(self.workers[i]) for i, call in calls.items()}
+
+    def _run(self, calls: dict[int, Call], pending: dict | None = None) -> dict:
+        """Run calls[i] on worker i, concurrently (``pending``: those calls submitted already, by ``_submit``);
+        replace a worker that dies and run its call again."""
         results: dict = {}
-        pending = {i: call(self.workers[i]) for i, call in calls.items()}
+        pending = dict(pending) if pending is not None else self._submit(calls)
         attempts = {i: 0 for i in pending}
         while pending:
             i, ref = next(iter(pending.items()))

@@ -40,7 +40,7 @@ import numpy as np
 from pipelines.config import Endpoint, ModelSource, TaskConfig
 from pipelines.data import Example, Splits
 from pipelines.engine.models import LoadedLM, load_causal_lm, load_tokenizer
-from pipelines.engine.usage import Metered, Usage
+from pipelines.engine.usage import Metered, Usage, sum_usage
 from rewards import generation_metrics as gm
 from rewards import promptbench_metrics as pbm
 from rewards.components import Measured
@@ -236,11 +236,12 @@ class CandidateScorer:
         self.max_new_tokens = answer_tokens(task)
         self.tokenizer = tokenizer
         cfg = task.scoring
-        # The dev sample in an order whose every prefix holds the labels in their proportions: a race's first
-        # rung reads a prefix (pipelines/racing.py), and so does robustness (inside the first rung: cached).
+        # The search sample (``dev`` below, from the split ``scoring.search_split`` names) in an order whose every
+        # prefix holds the labels in their proportions: a race's first rung reads a prefix (pipelines/racing.py),
+        # and so does robustness (inside the first rung: cached).
         # Cost follows tokens: the sample stops at ``scoring.dev_tokens`` input tokens (at least ``min_dev_examples``),
         # so a task of long inputs reads fewer of them per reward; the selection sample at twice that.
-        dev = list(splits.dev)
+        dev = list(splits.train if cfg.search_split == "train" else splits.dev)
         sample = stratified_order(dev[:reward_examples] if reward_examples else dev)
         self.dev = sample[: self._within_tokens(sample, cfg.dev_tokens, cfg.min_dev_examples)]
         taken = {id(e) for e in self.dev}
@@ -260,6 +261,7 @@ class CandidateScorer:
         robust = self.dev[: min(cfg.robustness_examples, self.first_rung or cfg.robustness_examples)]
         self.robust_sample = robust[: self._within_tokens(robust, cfg.robustness_tokens, min(10, len(robust)))]
         self.calibration = list(splits.train)[: cfg.calibration_examples]
+        self._seed_prompt: float | None = None  # the seed template's mean prompt tokens (prompt_ratio)
 
     # --- pieces --------------------------------------------------------------------------------
     def _within_tokens(self, examples: Sequence[Example], budget: int | None, floor: int) -> int:
@@ -286,6 +288,27 @@ class CandidateScorer:
         instructions = [instruction_of(self.task, t) or " ".join(t.replace("{", " ").replace("}", " ").split())
                         for t in texts]
         return [float(r) for r in self.reader(instructions)]
+
+    def prompt_ratio(self, template: Template) -> float:
+        """``Measured.prompt_ratio``: the mean tokens of the template's prompts over the seed template's, on the dev
+        sample. A request's time grows with its prompt, so this predicts the latency bar before anything is timed
+        (a request's fixed cost makes the real ratio smaller: an upper estimate). The chat template's frame counts
+        where the target is a local model; a server's is unknown and left out, which only raises the ratio."""
+        if self._seed_prompt is None:
+            self._seed_prompt = self._prompt_tokens(self.task.seed_template())
+        return self._prompt_tokens(template) / max(1.0, self._seed_prompt)
+
+    def _prompt_tokens(self, template: Template) -> float:
+        frame, texts = self._inputs(template, self.dev)
+        lm, chat = getattr(self.target, "lm", None), getattr(self.target, "chat_template", None)
+        if lm is not None and chat is not None:
+            from pipelines.engine.target import prompt_frame
+
+            before, after = prompt_frame(lm.tokenizer, frame, chat)
+            fixed = self.count_tokens(before) + self.count_tokens(after)
+        else:
+            fixed = self.count_tokens(frame.text)
+        return fixed + sum(map(self.count_tokens, texts)) / max(1, len(texts))
 
     def validate(self, text: str):
         return validate_candidate(text, self.task.input_variables, self.task.template.max_tokens, self.count_tokens)
@@ -457,7 +480,8 @@ class CandidateScorer:
                 metrics = {"roc_auc": self._reward_metric(out.logprobs, dev)}
                 m = Measured(template=template.text, valid=True, tokens=tokens, max_tokens=cfg.template.max_tokens,
                              metrics=metrics, reward_metric=cfg.scoring.reward_metric, chance=_reward_chance(cfg),
-                             readability=readability.get(i), timing={"target_s": time.perf_counter() - t0})
+                             readability=readability.get(i), prompt_ratio=self.prompt_ratio(template),
+                             timing={"target_s": time.perf_counter() - t0})
                 results[i] = Scored(m, self.reward(m), self.spent_since(spent))
                 continue
             out = self.responses(template, dev)
@@ -481,7 +505,7 @@ class CandidateScorer:
             m = Measured(
                 template=template.text, valid=True, tokens=tokens, max_tokens=cfg.template.max_tokens,
                 metrics=metrics, reward_metric=cfg.scoring.reward_metric, chance=_reward_chance(cfg), pdr=pdr,
-                judge=judged, rates=rates, readability=readability.get(i),
+                judge=judged, rates=rates, readability=readability.get(i), prompt_ratio=self.prompt_ratio(template),
                 samples=self.samples(dev, out, decided),
                 timing={"target_s": t1 - t0, "robustness_s": t2 - t1, "judge_s": judge_s + time.perf_counter() - t2},
             )
@@ -564,7 +588,7 @@ class CandidateScorer:
         (readability,) = self.readability([template.text])
         m = Measured(
             template=template.text, valid=True, tokens=check.tokens, max_tokens=cfg.template.max_tokens,
-            readability=readability,
+            readability=readability, prompt_ratio=self.prompt_ratio(template),
             metrics=metrics, reward_metric=cfg.scoring.reward_metric, chance=_reward_chance(cfg),
             pdr=pdr, judge=judged, rates={"instruction_following": out.kept(), "entity_consistency": consistency},
             samples=self.samples(examples, out, decided), timing=timing,
@@ -579,6 +603,34 @@ class CandidateScorer:
     def latency(self, template: Template, split: str, n_requests: int = 12) -> Latency:
         """Time one valid template on a split (apart from ``evaluate``, so a pool can run it on one worker at
         a time, without other workers' compute inflating the figure)."""
+        ((latency, _),) = self.latencies([template], split, n_requests)
+        return latency
+
+    def latencies(self, templates: Sequence[Template], split: str, n_requests: int = 12
+                  ) -> list[tuple[Latency, dict[str, Usage]]]:
+        """``latency`` of several templates with their requests interleaved, one of each in turn on the same
+        inputs: a machine that slows down or speeds up while they are timed does so for all of them alike, so
+        their ratio (the gate's latency bar) holds still. Each with the calls its own requests took."""
         examples = list(self.splits[split])
-        probe = self.target.request_latency_ms(*self._inputs(template, examples), n_requests)
-        return Latency(probe["p50"], probe["p95"], probe["error_rate"], self.render_us_p99(template, examples))
+        inputs = [self._inputs(t, examples) for t in templates]
+        times: list[list[float]] = [[] for _ in templates]
+        failed = [0] * len(templates)
+        usage: list[dict[str, Usage]] = [{} for _ in templates]
+        for i in range(n_requests):
+            for k, (frame, texts) in enumerate(inputs):
+                if i >= len(texts):
+                    continue
+                before = self.spent()
+                probe = self.target.request_latency_ms(frame, [texts[i]], 1)
+                usage[k] = sum_usage(usage[k], self.spent_since(before))
+                if probe["error_rate"] > 0 or not np.isfinite(probe["p50"]):
+                    failed[k] += 1
+                else:
+                    times[k].append(probe["p50"])
+        out = []
+        for k, template in enumerate(templates):
+            ok, nan = times[k], float("nan")  # every request failed: no latency, which fails the gate's bar too
+            latency = Latency(float(np.percentile(ok, 50)) if ok else nan, float(np.percentile(ok, 95)) if ok else nan,
+                              failed[k] / max(1, len(ok) + failed[k]), self.render_us_p99(template, examples))
+            out.append((latency, usage[k]))
+        return out

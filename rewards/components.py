@@ -18,7 +18,8 @@ How each enters the reward (the weights live in the task file):
 * ``readability``: how readable the instruction alone is, 0..1, from a frozen small LM and plain text checks
   (``rewards/readability.py``), not from the judge: the analyst who signs a template off reads it.
 * ``threshold_shortfall``: minus the summed shortfall of the rates and readability under the promotion
-  thresholds (0 when all clear them): the gate refuses such a candidate, so the tuner is told before it gets there.
+  thresholds, plus how far the prompts' predicted latency passes its ceiling (0 when all clear them): the gate
+  refuses such a candidate, so the tuner is told before it gets there.
 * one per judge rubric (``coherence``, ``factual_support``, ...): the judge's mean P(yes), 0..1, over graded
   (input, response) pairs, or over the template's text for a template rubric.
 * ``robustness``: ``1 - mean PDR`` over PromptBench's checklist and stresstest perturbations, clipped to 0..1.
@@ -52,6 +53,9 @@ class Measured:
     # task's "gold" and "decided" labels (None: a broken answer), a generation task's "scores" on its metric
     outcomes: Mapping[str, Sequence] = field(default_factory=dict)
     readability: float | None = None  # of the instruction alone, 0..1 (rewards/readability.py); None: not read
+    # the prompts' tokens over the seed's on the same inputs: the latency a request would have relative to the
+    # seed's if time followed tokens (an upper estimate: a request's fixed cost only lowers the real ratio)
+    prompt_ratio: float | None = None
     timing: Mapping[str, float] = field(default_factory=dict)
 
     def rate(self, name: str) -> float | None:
@@ -90,9 +94,12 @@ def readability(m: Measured) -> float | None:
     return m.readability
 
 
-def threshold_shortfall(thresholds: Mapping[str, float]) -> Callable[[Measured], float | None]:
+def threshold_shortfall(thresholds: Mapping[str, float], latency_ceiling: float | None = None
+                        ) -> Callable[[Measured], float | None]:
     """Minus how far the rates and readability fall short of their promotion thresholds, summed (a rate measured
-    on no input counts in full; one not measured at all, as a race's screening rung leaves the rates, is left out)."""
+    on no input counts in full; one not measured at all, as a race's screening rung leaves the rates, is left out),
+    and how far the predicted latency ratio (``Measured.prompt_ratio``) passes ``latency_ceiling``: the gate's
+    latency bar, known before any request is timed, since a longer prompt is a slower request."""
     bars = {name: bar for name, bar in thresholds.items() if name in (*RATES, "readability")}
 
     def shortfall(m: Measured, name: str, bar: float) -> float:
@@ -101,7 +108,10 @@ def threshold_shortfall(thresholds: Mapping[str, float]) -> Callable[[Measured],
         return max(0.0, bar - (m.rate(name) or 0.0)) if name in m.rates else 0.0
 
     def component(m: Measured) -> float | None:
-        return -sum(shortfall(m, name, bar) for name, bar in bars.items())
+        over = 0.0
+        if latency_ceiling is not None and m.prompt_ratio is not None:
+            over = max(0.0, m.prompt_ratio - latency_ceiling)
+        return -sum(shortfall(m, name, bar) for name, bar in bars.items()) - over
 
     component.__name__ = "threshold_shortfall"
     return component
@@ -131,7 +141,8 @@ def judge_component(rubric: str) -> Callable[[Measured], float | None]:
     return component
 
 
-def components_for(rubrics, thresholds: Mapping[str, float] | None = None) -> dict[str, Callable[[Measured], float | None]]:
+def components_for(rubrics, thresholds: Mapping[str, float] | None = None, latency_ceiling: float | None = None
+                   ) -> dict[str, Callable[[Measured], float | None]]:
     """All reward components of a task: the fixed ones plus one per judge rubric."""
     out: dict[str, Callable[[Measured], float | None]] = {
         "task_metric": task_metric,
@@ -139,7 +150,7 @@ def components_for(rubrics, thresholds: Mapping[str, float] | None = None) -> di
         "instruction_following": instruction_following,
         "entity_consistency": entity_consistency,
         "readability": readability,
-        "threshold_shortfall": threshold_shortfall(thresholds or {}),
+        "threshold_shortfall": threshold_shortfall(thresholds or {}, latency_ceiling),
         "robustness": robustness,
         "length": length,
     }

@@ -123,3 +123,11 @@ def test_the_shortlist_puts_candidates_that_met_the_bars_in_their_step_first(tas
     assert meets_bars(task, board[2]) and not meets_bars(task, board[0])
     assert shortlist_of(task, board, seed, 2) == ["y", "x"]
     assert shortlist_of(task, board, seed, 1) == ["y"]
+
+
+def test_a_step_row_whose_prompts_are_predicted_too_slow_does_not_meet_the_bars(task):
+    row = {"template": "x", "valid": True, "total_reward": 3.0, "instruction_following": 0.90,
+           "entity_consistency": 0.9, "readability": 0.9}
+    assert meets_bars(task, {**row, "prompt_ratio": task.latency_ceiling() - 0.01})
+    assert not meets_bars(task, {**row, "prompt_ratio": task.latency_ceiling() + 0.01})
+    assert meets_bars(task, row)  # a row from before prompt_ratio existed (a resumed run): not judged on it

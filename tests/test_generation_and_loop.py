@@ -29,7 +29,7 @@ def test_weaknesses_rank_by_weighted_loss():
     # threshold_shortfall is at its best at 0, like length: a template below the gate's bars hears about it
     weights = {"task_metric": 3.0, "threshold_shortfall": 5.0}
     assert weaknesses({"task_metric": 0.7, "threshold_shortfall": -0.4}, weights, n=1) == \
-        "the answers it gets break the required answer format"
+        "it is too long, unclear, or its answers break the required answer format"
     assert weaknesses({"task_metric": 0.7, "threshold_shortfall": 0.0}, weights, n=1) == "it barely separates the two labels"
 
 

@@ -99,7 +99,8 @@ def test_race_candidates_reads_the_task_and_the_sample_size():
             self.script = ScriptedMeasure({f"t{i}": i / 10 for i in range(8)})
 
         def measure(self, texts, examples=None, screen=False):
-            assert screen == (examples is not None and task.scoring.racing.screen)  # the first rung screens
+            racing = task.scoring.racing  # the first rung screens; the second too where the task says so
+            assert screen == (racing.screen and (examples is not None or racing.second == "screen"))
             return self.script(texts, examples)
 
     measurer = Measurer()
@@ -139,23 +140,25 @@ def scorer(task, splits):
 
 
 def test_the_dev_sample_follows_tokens_long_inputs_give_fewer_examples():
-    """scoring.dev_tokens: the dev sample stops at that many input tokens (at least min_dev_examples), the
-    selection sample at twice that; short inputs keep every example asked for."""
+    """scoring.dev_tokens: the search sample (from the train split: scoring.search_split) stops at that many input
+    tokens (at least min_dev_examples), the selection sample at twice that; short inputs keep every example asked
+    for."""
     from pipelines.data import Example, Splits, load_splits
 
     task = load_task("risk")
     splits = load_splits(task)
     short = scorer(task, splits)
-    assert len(short.dev) == 100 and len(short.selection) == len(splits.dev)  # SMS messages: all of them
+    assert len(short.dev) == 100 and len(short.selection) == len(splits.train)  # SMS messages: all of them
+    assert {e.text for e in short.dev} <= {e.text for e in splits.train}  # the search never reads the dev split
     words = " ".join(["account"] * 300)  # about 300 tokens an input
     long_dev = tuple(Example(f"{i} {words}", ("high_risk", "low_risk")[i % 2]) for i in range(200))
-    long = scorer(task, Splits(splits.train, long_dev, splits.test))
+    long = scorer(task, Splits(long_dev, splits.dev, splits.test))
     cfg = task.scoring
     assert len(long.dev) == cfg.min_dev_examples  # 7,000 tokens hold fewer than 24 such inputs: the floor
     assert len(long.dev) < len(long.selection) <= 2 * cfg.dev_tokens // 300 + 1
     assert long.selection[: len(long.dev)] == long.dev  # the selection extends the sample (its cache is reused)
     assert {e.label for e in long.dev[:4]} == {"high_risk", "low_risk"}
-    unlimited = scorer(task.with_overrides(**{"scoring.dev_tokens": None}), Splits(splits.train, long_dev, splits.test))
+    unlimited = scorer(task.with_overrides(**{"scoring.dev_tokens": None}), Splits(long_dev, splits.dev, splits.test))
     assert len(unlimited.dev) == 100 and len(unlimited.selection) == 200
 
 
@@ -173,7 +176,7 @@ def test_the_auxiliary_samples_follow_tokens_and_leave_short_inputs_alone():
     assert short.first_rung == cfg.racing.first_examples and len(short.robust_sample) == cfg.robustness_examples
     words = " ".join(["account"] * 300)  # about 300 tokens an input, a phone number in each
     long_examples = tuple(Example(f"Call 0800{i:06d} {words}", ("high_risk", "low_risk")[i % 2]) for i in range(400))
-    long = scorer(task, Splits(splits.train, long_examples[:200], long_examples))
+    long = scorer(task, Splits(long_examples[:200], splits.dev, long_examples))  # the search sample: train
     assert long.first_rung == 12 and len(long.robust_sample) == 10  # the floors: 1,500 / 2,000 tokens hold fewer
     assert long.robust_sample == long.dev[:10]
     seed = task.seed_template()
@@ -190,16 +193,16 @@ def test_the_auxiliary_samples_follow_tokens_and_leave_short_inputs_alone():
     assert long.target.usage.calls - calls == of  # each of them scored again, no more
     unlimited = scorer(task.with_overrides(**{"scoring.entity_tokens": None, "scoring.robustness_tokens": None,
                                               "scoring.racing.first_tokens": None}),
-                       Splits(splits.train, long_examples[:200], long_examples))
+                       Splits(long_examples[:200], splits.dev, long_examples))
     assert unlimited.first_rung == 20 and len(unlimited.robust_sample) == 20
     assert unlimited.entity_consistency(seed, test, rule, decided)[1] == 400
     # racing off stays off: no slice, or a slice not smaller than the sample (race() then measures everything)
     assert scorer(task.with_overrides(**{"scoring.racing.first_examples": 0}), splits).first_rung == 0
     whole = scorer(task.with_overrides(**{"scoring.racing.first_examples": 30}),
-                   Splits(splits.train, long_examples[:200], long_examples))
+                   Splits(long_examples[:200], splits.dev, long_examples))
     assert whole.first_rung == 30 >= whole.sample_size == 24
     # robustness reads no further than the first rung, whose clean scores are cached
     mid = tuple(Example(f"Call 0800{i:06d} " + " ".join(["account"] * 110), ("high_risk", "low_risk")[i % 2])
                 for i in range(200))
-    capped = scorer(task, Splits(splits.train, mid, long_examples))
+    capped = scorer(task, Splits(mid, splits.dev, long_examples))
     assert 10 <= len(capped.robust_sample) <= capped.first_rung < 20

@@ -286,6 +286,24 @@ def test_save_and_load_restore_the_policy_value_head_and_optimizers(trained, tmp
 
 
 @pytest.mark.e2e
+def test_a_deferred_update_survives_the_checkpoint_and_runs_before_the_next_step(trained, tmp_path):
+    """A run's last step defers its update (``PPOLearner.defer``); a run resumed for more steps owes it first."""
+    learner = trained.learner
+    rewarded = trained.rollouts[-1].with_rewards(_reward(trained.rollouts[-1].texts))
+    learner.defer(rewarded)
+    learner.save_adapter(tmp_path / "ckpt")
+    learner.pending = None  # the fixture's learner stays as the other tests expect it
+    model, _ = _load_policy_base()
+    resumed = ppo.PPOLearner(model, _config(minibatch_size=4), group_size=BATCH)
+    resumed.load_adapter(tmp_path / "ckpt")
+    assert resumed.pending is not None and torch.equal(resumed.pending.sequences, rewarded.sequences)
+    assert torch.equal(resumed.pending.rewards, rewarded.rewards) and resumed.pending.texts == rewarded.texts
+    before = resumed.steps_done
+    resumed.step(rewarded)
+    assert resumed.steps_done == before + 2 and resumed.pending is None  # the owed update, then this one
+
+
+@pytest.mark.e2e
 # flash_reinforce runs the same learner code as rloo but for openrlhf's baseline (tested above on tiny
 # tensors), so its full step is marked slow to keep the default suite's time.
 @pytest.mark.parametrize("estimator", ["rloo", pytest.param("flash_reinforce", marks=pytest.mark.slow)])

@@ -380,6 +380,11 @@ def test_candidate_scorer_measures_every_component(risk, lm):
         assert len(m.samples) == 4 and all(isinstance(row["answer"], str) for row in m.samples)
         assert s.reward == scorer.reward(m) and s.reward.valid and np.isfinite(s.reward.total)
     assert scored[1].reward.total == task.reward.invalid_penalty and scored[1].target_calls == 0
+    # the latency predicted from the prompts' tokens: the seed's is 1, a longer instruction's more, by what its
+    # extra tokens add to a whole prompt (chat frame and message included)
+    assert scored[0].measured.prompt_ratio == 1.0
+    extra = scorer.count_tokens(task.compose("Look for prizes and urgent payment requests.")) - scorer.count_tokens(seed)
+    assert 1.0 < scored[2].measured.prompt_ratio < 1.0 + extra / scorer.count_tokens(seed)
     # Counted by the scorer: 16 dev examples, their entity-swapped variants, and one perturbed template per
     # attack on the 8-example robustness sample (its clean pairs are among the dev pairs), unless a
     # perturbation matched the clean template. A bfloat16 model scores the labels in a pass of its own besides
@@ -387,3 +392,14 @@ def test_candidate_scorer_measures_every_component(risk, lm):
     apart = 0 if scorer.target.inner._rows_from_answers else 16
     assert 16 <= scored[0].target_calls <= 16 + 16 + 2 * 8 + apart
     assert scorer.measure([seed])[0].target_calls == 0  # a template seen again costs nothing
+
+
+def test_the_shortfall_counts_a_prompt_predicted_too_slow_for_the_latency_bar():
+    shortfall = components_for({}, {"instruction_following": 0.82}, latency_ceiling=1.125)["threshold_shortfall"]
+    base = dict(template="x {text}", valid=True, rates={"instruction_following": (90, 100)})
+    assert shortfall(Measured(**base, prompt_ratio=1.1)) == 0.0
+    assert shortfall(Measured(**base, prompt_ratio=1.325)) == pytest.approx(-0.2)
+    assert shortfall(Measured(**base)) == 0.0  # not predicted: nothing to count
+    # with the rates: both shortfalls add up
+    assert shortfall(Measured(template="x {text}", valid=True, rates={"instruction_following": (72, 100)},
+                              prompt_ratio=1.225)) == pytest.approx(-0.2)

@@ -252,10 +252,23 @@ class PPOLearner:
         else:
             self.kl_ctl = self._orl.FixedKLController(config.kl_coef)
         self.steps_done = 0
+        self.pending: RolloutBatch | None = None  # a rewarded batch whose update waits (``defer``)
 
     # ---- one PPO step ---------------------------------------------------------------------------
+    def defer(self, batch: RolloutBatch) -> None:
+        """Keep a rewarded batch for the next ``step`` instead of updating now: a run's last step, whose update
+        would change only samples the run never draws (a third of its wall time on 2 CPU cores). The checkpoint
+        keeps it, so a run resumed for more steps learns from it first."""
+        if batch.rewards is None:
+            raise ValueError("the batch has no rewards; use batch.with_rewards(...)")
+        self.pending = batch
+
     def step(self, batch: RolloutBatch) -> dict[str, float]:
-        """Score the rollouts (old, reference, values), shape rewards, estimate advantages, then update."""
+        """Score the rollouts (old, reference, values), shape rewards, estimate advantages, then update (after
+        the update a deferred batch is owed, if any)."""
+        if self.pending is not None:
+            owed, self.pending = self.pending, None
+            self.step(owed)
         cfg, orl = self.config, self._orl
         start = time.perf_counter()
         if batch.rewards is None:
@@ -355,6 +368,7 @@ class PPOLearner:
                 "critic_optim": self.critic_optim.state_dict(),
                 "kl_coef": float(self.kl_ctl.value),
                 "steps_done": self.steps_done,
+                "pending": None if self.pending is None else dataclasses.asdict(self.pending),
             },
             path / "learner_state.pt",
         )
@@ -378,6 +392,8 @@ class PPOLearner:
         self.critic_optim.load_state_dict(state["critic_optim"])
         self.kl_ctl.value = state["kl_coef"]
         self.steps_done = state["steps_done"]
+        pending = state.get("pending")  # absent in a checkpoint from before deferred updates
+        self.pending = RolloutBatch(**pending) if pending else None
 
 
 def _mean(values: list[float]) -> float:
