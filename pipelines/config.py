@@ -123,7 +123,8 @@ class RacingConfig(_Strict):
     second: Literal["full", "screen"] = Field(
         "full", description="what the second rung measures on the whole sample: full: every component (answers, "
         "entity swaps, perturbations, judge); screen: what the first rung does (with screen), on more examples, "
-        "for a steadier reward at a fraction of the cost: the choice then measures everything, on the dev split. "
+        "for a steadier reward at a fraction of the cost, and the greedy answers of the first slice "
+        "(instruction_following there): the choice then measures everything, on the dev split. "
         "The seed's step measurement is the same kind, so the leaderboard compares like with like")
     first_tokens: int | None = Field(
         1500, gt=0, description="input tokens the first slice may hold (at least 12 examples, or first_examples if "

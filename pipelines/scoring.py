@@ -478,9 +478,14 @@ class CandidateScorer:
             if screen and cfg.scoring.reward_metric == "roc_auc":  # label log-probs alone give the reward metric
                 out = self.responses(template, dev, answers=False)
                 metrics = {"roc_auc": self._reward_metric(out.logprobs, dev)}
+                rates = {}
+                if examples is None and not whole_dev:  # a screen of the whole sample (a race's second rung, the
+                    # seed): greedy answers on its first slice too, so that a template whose answers break the
+                    # contract is known before the choice pays for it (its instruction_following, on that slice)
+                    rates["instruction_following"] = self.responses(template, dev[: self.first_rung or len(dev)]).kept()
                 m = Measured(template=template.text, valid=True, tokens=tokens, max_tokens=cfg.template.max_tokens,
                              metrics=metrics, reward_metric=cfg.scoring.reward_metric, chance=_reward_chance(cfg),
-                             readability=readability.get(i), prompt_ratio=self.prompt_ratio(template),
+                             readability=readability.get(i), prompt_ratio=self.prompt_ratio(template), rates=rates,
                              timing={"target_s": time.perf_counter() - t0})
                 results[i] = Scored(m, self.reward(m), self.spent_since(spent))
                 continue

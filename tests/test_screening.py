@@ -41,3 +41,19 @@ def test_the_screen_reads_the_full_measurements_log_odds_on_its_slice(scorers):
         assert set(m.measured.rates) == {"instruction_following", "entity_consistency"}
     assert screen.target.usage.completion_tokens == 0  # no greedy answers
     assert full.target.usage.completion_tokens > 0
+
+
+@pytest.mark.e2e
+def test_a_screen_of_the_whole_sample_also_reads_instruction_following_on_the_first_slice(scorers):
+    """A race's second rung under racing.second: screen (and the seed's row) counts the greedy answers of the first
+    slice that keep the contract, the same answers the full measurement parses there."""
+    task, screen, full = scorers
+    texts = [task.compose(i) for i in INSTRUCTIONS]
+    whole = screen.measure(texts, screen=True)
+    for text, s in zip(texts, whole):
+        kept, of = s.measured.rates["instruction_following"]
+        assert of == screen.first_rung == 12 and 0 <= kept <= of and "entity_consistency" not in s.measured.rates
+        template = screen.validate(text).template
+        parsed = full.responses(template, full.dev[:12]).kept()
+        assert (kept, of) == parsed
+        assert s.reward.components["instruction_following"] == kept / of
