@@ -258,8 +258,8 @@ def estimate(task: TaskConfig, options: RunOptions, splits: Splits, tokenizer) -
         return scorer.spent_since(before)
 
     seed = task.seed_template().text
-    racing = task.scoring.racing
-    plan.phases["seed"] = priced(lambda: scorer.measure([seed], screen=racing.screen and racing.second == "screen"), "seed")
+    screens_sample = task.scoring.racing.screens_sample
+    plan.phases["seed"] = priced(lambda: scorer.measure([seed], screen=screens_sample), "seed")
     step = priced(lambda: race_candidates(task, scorer, [task.compose(t) for t in synthetic_instructions(task, tokenizer, k)]),
                   "steps")
     step["policy"] = Usage(k, k * _longest_meta_prompt(task, tokenizer), k * task.template.max_instruction_tokens)
@@ -267,7 +267,7 @@ def estimate(task: TaskConfig, options: RunOptions, splits: Splits, tokenizer) -
     # the choice: the seed and the shortlist evaluated on the whole dev split as the test will be (latency too)
     shortlist_size = min(options.finalists or task.selection.shortlist, options.steps * k)
     shortlist = [task.compose(t) for t in synthetic_instructions(task, tokenizer, shortlist_size, offset=k)]
-    scorer.measure(shortlist, screen=racing.screen and racing.second == "screen")  # what the steps already paid for
+    scorer.measure(shortlist, screen=screens_sample)  # what the steps already paid for
     plan.phases["select"] = priced(lambda: [scorer.evaluate(text, "dev", latency=True) for text in shortlist], "select")
     # the seed's dev evaluation runs beside its first measurement, on the other worker, whose cache holds nothing
     # (ScoringPool.seed): priced on a fresh scorer

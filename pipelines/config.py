@@ -126,6 +126,11 @@ class RacingConfig(_Strict):
         "for a steadier reward at a fraction of the cost, and the greedy answers of the first slice "
         "(instruction_following there): the choice then measures everything, on the dev split. "
         "The seed's step measurement is the same kind, so the leaderboard compares like with like")
+    @property
+    def screens_sample(self) -> bool:
+        """Whether a screen measures the whole sample too (the second rung, and the seed ranked with it)."""
+        return self.screen and self.second == "screen"
+
     first_tokens: int | None = Field(
         1500, gt=0, description="input tokens the first slice may hold (at least 12 examples, or first_examples if "
         "fewer): a task of long inputs, whose dev sample scoring.dev_tokens already shortened, races on fewer "

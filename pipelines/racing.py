@@ -57,8 +57,8 @@ def race_candidates(task: TaskConfig, measurer, texts: Sequence[str]) -> tuple[l
     ``CandidateScorer``, which sizes the first slice: ``racing.first_examples``, fewer when their inputs pass
     ``racing.first_tokens``)."""
     racing = task.scoring.racing
-    screen = lambda n: racing.screen and (n is not None or racing.second == "screen")  # noqa: E731
-    return race(lambda part, n: measurer.measure(part, examples=n, screen=screen(n)), texts,
+    return race(lambda part, n: measurer.measure(part, examples=n, screen=racing.screen if n else racing.screens_sample),
+                texts,
                 measurer.first_rung, task.scoring.racing.keep, measurer.sample_size)
 
 

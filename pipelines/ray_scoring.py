@@ -169,8 +169,7 @@ class ScoringPool:
         it (the second worker's share of step 1 waits for it; the first worker's does not). The evaluation is not
         timed: the choice times it beside the candidates (``time``). Without ``evaluate`` (a run with no choice),
         the seed is measured only."""
-        racing = self.task.scoring.racing
-        screen = racing.screen and racing.second == "screen"  # measured like the candidates it is ranked with
+        screen = self.task.scoring.racing.screens_sample  # measured like the candidates it is ranked with
         if not evaluate:
             return self.measure([text], screen=screen)[0], None
         if len(self.workers) < 2:
