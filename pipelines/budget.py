@@ -264,19 +264,18 @@ def estimate(task: TaskConfig, options: RunOptions, splits: Splits, tokenizer) -
                   "steps")
     step["policy"] = Usage(k, k * _longest_meta_prompt(task, tokenizer), k * task.template.max_instruction_tokens)
     plan.phases["steps"] = step
-    # the choice: the seed and the shortlist evaluated on the whole dev split as the test will be (latency too)
+    # the choice: the seed and the shortlist evaluated on the whole dev split as the test will be (latency too),
+    # priced on a fresh scorer: the steps read train examples, and a finalist may be evaluated on a worker whose
+    # cache never saw it (a race's second rung is balanced across the workers), so it may pay again for its
+    # calibration and robustness samples (an upper bound); the seed's runs on the worker that has seen nothing
     shortlist_size = min(options.finalists or task.selection.shortlist, options.steps * k)
     shortlist = [task.compose(t) for t in synthetic_instructions(task, tokenizer, shortlist_size, offset=k)]
-    scorer.measure(shortlist, screen=screens_sample)  # what the steps already paid for
-    plan.phases["select"] = priced(lambda: [scorer.evaluate(text, "dev", latency=True) for text in shortlist], "select")
-    # the seed's dev evaluation runs beside its first measurement, on the other worker, whose cache holds nothing
-    # (ScoringPool.seed): priced on a fresh scorer
     fresh = counting_models(task, tokenizer, options.target, options.judge)
-    seeder = CandidateScorer(task, splits, *fresh, tokenizer, reward_examples=options.dev_examples)
-    seeder.evaluate(seed, "dev", latency=True)
-    plan.phases["select"] = {role: plan.phases["select"].get(role, Usage()) + usage
-                             for role, usage in seeder.spent().items()}
-    plan.work["select"] += sum(model.work for model in fresh)
+    chooser = CandidateScorer(task, splits, *fresh, tokenizer, reward_examples=options.dev_examples)
+    for text in [seed] + shortlist:
+        chooser.evaluate(text, "dev", latency=True)
+    plan.phases["select"] = chooser.spent()
+    plan.work["select"] = sum(model.work for model in fresh)
     finalists = shortlist[:1]  # at most one candidate is tested
 
     # the test: the pool tests templates side by side (ScoringPool._assign). The seed comes first and stays on

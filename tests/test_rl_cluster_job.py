@@ -203,10 +203,11 @@ def test_openrlhf_scores_a_real_rollout_with_the_same_reward_as_the_local_scorer
 
     # The reward the local loop's scorer gives the same candidate.
     task = load_task("risk").with_overrides(**overrides)
-    splits = load_splits(task)
-    splits = type(splits)(splits.train, splits.dev[:16], splits.test)
-    scorer = build_scorer(task, splits, load_causal_lm())
-    (scored,) = scorer.measure([candidate_text(task, REPLY)])
+    scorer = build_scorer(task, load_splits(task), load_causal_lm(), reward_examples=16)  # the file's dev_examples
+    from pipelines.racing import race_candidates
+
+    # one candidate is not raced: measured on the whole sample as the task's second rung measures (a screen, for risk)
+    (scored,), _ = race_candidates(task, scorer, [candidate_text(task, REPLY)])
     expected = scored.reward
     assert expected.valid
 
