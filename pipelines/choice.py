@@ -122,6 +122,16 @@ def resamples(task: TaskConfig, n: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, n, size=(task.selection.bootstrap, n))
 
 
+def metric_interval(task: TaskConfig, outcomes, level: float = 0.95) -> list[float] | None:
+    """The percentile bootstrap interval ``[low, high]`` of the gate's metric over one template's examples (its
+    ``Measured.outcomes``), e.g. for the run report; None without them (an invalid template)."""
+    if not outcomes:
+        return None
+    values = metric_on(task, outcomes, resamples(task, len(next(iter(outcomes.values())))))
+    low, high = np.nanquantile(values, [(1 - level) / 2, (1 + level) / 2])
+    return [float(low), float(high)]
+
+
 def _row(task: TaskConfig, ev, name: str, decision: Decision | None, paired: Paired | None) -> dict:
     m = ev.measured
     metric = task.scoring.metric

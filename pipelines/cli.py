@@ -2,12 +2,14 @@
 
     tune-prompts --task risk                 tune the risk task's template (the main job)
     tune-prompts tasks                       list tasks with data sizes and label balance
+    tune-prompts validate TASK.yaml          check a task file as a run reads it, loading no model
     tune-prompts render --task risk          show the seed template rendered on a few examples
     tune-prompts eval --task risk            score a template: every reward component, with timing
     tune-prompts store list|show|...         the versioned template store
     tune-prompts check --task risk           drift check of the production template (exit 1 when below its bars)
     tune-prompts predict --task risk --text  what production receives: the stored version's decision on one input
     tune-prompts schedule --task risk ...    submit check-and-tune jobs to a Ray cluster on a cron schedule
+    tune-prompts report RUN_DIR              a run's report.html: learning curves, candidates, test, gate, store
 
 Every command exits 0 on success, 2 on bad input (with one line saying what to fix), 1 on a failure.
 An unexpected exception is also one line and exit 2; ``--debug`` (or TUNE_PROMPTS_DEBUG=1) shows its traceback.
@@ -31,14 +33,16 @@ import warnings
 from pathlib import Path
 from typing import Sequence
 
-from pipelines import cli_store
+from pipelines import cli_store, config
 from pipelines.budget import BudgetError
 from pipelines.config import (ConfigError, Endpoint, ModelSource, RunOptions, TaskConfig, builtin_tasks, load_task,
                               load_yaml_mapping)
-from pipelines.data import DataError, label_counts, load_examples, split_examples
+from pipelines.data import DataError, load_examples, split_examples
+from pipelines.drift import DEFAULT_MAX_DROP
 from pipelines.engine.endpoints import EndpointError
 from pipelines.engine.models import EMBEDDED, ModelLoadError
 from pipelines.schedule import CronError, ScheduleError
+from pipelines.validate import summarize, validate_task
 from rewards.judge import JudgeError
 from templates.decision import DecisionError
 from templates.store import StoreError, default_store_url
@@ -125,28 +129,55 @@ def read_template_file(path: str, task: TaskConfig) -> Template:
 def cmd_tasks(args) -> int:
     rows = []
     for name in builtin_tasks() + list(args.files or []):
-        task = load_task(name)
-        examples = load_examples(task)
-        splits = split_examples(task, examples)
-        counts = label_counts(examples)
-        balance = ", ".join(f"{label} {counts.get(label, 0)} ({counts.get(label, 0) / len(examples):.0%})" for label in task.labels)
-        if task.is_generation:
-            contract = task.output.output_contract()
-            fields = (contract.schema or {}).get("required") if contract.kind == "json" else None
-            balance = f"generation: {contract.kind}" + (f" ({', '.join(fields)})" if fields else "")
+        s, _ = summarize(load_task(name))
         rows.append(
             {
-                "task": task.name,
-                "examples": len(examples),
-                "labels": balance,
-                "train/dev/test": f"{len(splits.train)}/{len(splits.dev)}/{len(splits.test)}",
-                "source": task.data.source,
+                "task": s["task"],
+                "examples": s["examples"],
+                "labels": s["output"] or balance(s),
+                "train/dev/test": "/".join(str(n) for n in s["splits"].values()),
+                "source": s["source"],
             }
         )
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
         print(table([{k: v for k, v in row.items() if k != "samples"} for row in rows]))
+    return 0
+
+
+def balance(summary: dict) -> str:
+    """``summarize``'s label counts as 'high_risk 561 (12%), low_risk 3973 (88%)'."""
+    n = summary["examples"]
+    return ", ".join(f"{label} {count} ({count / n:.0%})" for label, count in summary["labels"].items())
+
+
+def cmd_validate(args) -> int:
+    from functools import cache
+
+    from pipelines.engine.models import load_tokenizer
+
+    # the embedded target's tokenizer counts template tokens, as a run's scorer does; loaded once, and only
+    # when a file gets that far (a broken file is refused without it)
+    tokenizer = cache(load_tokenizer)
+    count_tokens = lambda text: len(tokenizer()(text, add_special_tokens=False).input_ids)  # noqa: E731
+    reports = []
+    for path in args.files:
+        r = validate_task(path, count_tokens)
+        reports.append(r)
+        if args.json:
+            continue
+        expected = (f"reference {json.dumps(r['example']['reference'], ensure_ascii=False)}" if r["output"]
+                    else f"label {r['example']['label']}")
+        print(f"task {escape(r['task'])} ({escape(r['file'])})")
+        print(f"  data: {r['examples']} examples from {escape(r['source'])}: {escape(r['output'] or balance(r))}")
+        print("  splits: " + ", ".join(f"{name} {n}" for name, n in r["splits"].items()))
+        print(f"  seed template: {r['template_tokens']} of {r['max_tokens']} tokens; on the first dev example "
+              f"({escape(expected)}):")
+        print("    " + escape(r["example"]["prompt"], keep="\n\t").replace("\n", "\n    "))
+        print("ok")
+    if args.json:
+        print(json.dumps(reports, indent=2, ensure_ascii=False))
     return 0
 
 
@@ -256,19 +287,45 @@ def print_report(report: dict) -> None:
                   f"{'' if sample['contract_kept'] else ' (contract broken)'}")
 
 
-def add_model_args(p: argparse.ArgumentParser, model_help: str) -> None:
-    """--model (a local model) and the endpoint flags (a served one), read by ``model_sources``; and --json."""
-    p.add_argument("--model", default=EMBEDDED, help=f"{model_help} (default {EMBEDDED})")
-    p.add_argument("--json", action="store_true")
-    g = p.add_argument_group("OpenAI-compatible endpoints (vLLM, OpenAI, ...) instead of the local model")
-    g.add_argument("--target-url", help="the target's server, e.g. http://localhost:8000/v1 "
+def add_task_flag(p: argparse.ArgumentParser, *, required: bool = True) -> None:
+    p.add_argument("--task", required=required,
+                   help=f"a built-in task ({', '.join(builtin_tasks())}) or a task YAML file")
+
+
+def add_model_flags(p: argparse.ArgumentParser, *, command: bool) -> None:
+    """The target and judge, read by ``model_sources``: a local model, or one served over an OpenAI-compatible
+    API and how to reach it. The top level adds them for the tuning run, and eval, check and predict add them
+    again (``command``) with no defaults of their own, since argparse copies a command's defaults over the top
+    level's values: so a flag given before the command holds for it too, unless repeated after it."""
+    def default(value):
+        return argparse.SUPPRESS if command else value
+
+    served = Endpoint("URL", "MODEL")  # the connection defaults, as Endpoint sets them
+    g = p.add_argument_group(
+        "target and judge: a local model, or one served over the OpenAI API (vLLM, TGI, ...)",
+        None if command else "eval, check and predict take these flags too, before or after the command")
+    g.add_argument("--model", default=default(EMBEDDED), help="the target model (and judge, unless --judge-model): "
+                   f"the embedded model, a Hugging Face folder or hub id (default {EMBEDDED})")
+    g.add_argument("--judge-model", default=default(None), help="a separate judge: the name a server serves "
+                   "(--judge-url's, else --target-url's), or without a URL a local model")
+    g.add_argument("--target-url", default=default(None), help="the target's server, e.g. http://localhost:8000/v1 "
                    "(vLLM: vllm serve MODEL --max-logprobs 20)")
-    g.add_argument("--target-model", help="the model name the target server serves (GET URL/models lists them)")
-    g.add_argument("--judge-url", help="the judge's server (default: --target-url; with neither, the local model judges)")
-    g.add_argument("--judge-model", help="the judge's model: a name its server serves (default: --target-model); "
-                   "without a URL, a local model")
-    g.add_argument("--api-key-env", default="TUNE_PROMPTS_API_KEY",
-                   help="name of the environment variable holding the API key, never the key (default TUNE_PROMPTS_API_KEY)")
+    g.add_argument("--target-model", default=default(None),
+                   help="the model name the target server serves (GET URL/models lists them)")
+    g.add_argument("--judge-url", default=default(None),
+                   help="the judge's server (default: --target-url; with neither, the local model judges)")
+    g.add_argument("--api-key-env", default=default(served.api_key_env), help="name of the environment variable "
+                   f"holding the API key, never the key (default {served.api_key_env})")
+    g.add_argument("--max-concurrency", type=whole_number(1), default=default(served.max_concurrency),
+                   help=f"requests in flight per scoring actor (default {served.max_concurrency})")
+    g.add_argument("--request-timeout", type=positive_seconds, default=default(served.timeout_s),
+                   help=f"seconds one request may take (default {served.timeout_s:g})")
+    g.add_argument("--max-retries", type=whole_number(0), default=default(served.max_retries),
+                   help=f"retries after a timeout, a dropped connection, 429 or 5xx, with backoff (default "
+                   f"{served.max_retries}); then the command stops (a tuning run: --resume continues it)")
+    g.add_argument("--top-logprobs", type=whole_number(1), default=default(served.top_logprobs),
+                   help=f"alternatives per position to read labels from (default {served.top_logprobs}, OpenAI's "
+                   "limit; a vLLM server started with a higher --max-logprobs allows more, and fewer labels get floored)")
 
 
 def model_sources(args) -> tuple[ModelSource, ModelSource | None]:
@@ -278,10 +335,9 @@ def model_sources(args) -> tuple[ModelSource, ModelSource | None]:
     if args.target_url and not args.target_model:
         raise ConfigError(f"--target-url {args.target_url} needs --target-model, the model name that server serves "
                           "(GET URL/models lists them)")
-    def served(url: str, model: str) -> Endpoint:  # the connection flags are the tuning group's, before a command
-        return Endpoint(url, model, args.api_key_env, max_concurrency=getattr(args, "max_concurrency", 4),
-                        timeout_s=getattr(args, "request_timeout", 30.0), max_retries=getattr(args, "max_retries", 3),
-                        top_logprobs=getattr(args, "top_logprobs", 20))
+    def served(url: str, model: str) -> Endpoint:
+        return Endpoint(url, model, args.api_key_env, max_concurrency=args.max_concurrency,
+                        timeout_s=args.request_timeout, max_retries=args.max_retries, top_logprobs=args.top_logprobs)
 
     target = served(args.target_url, args.target_model) if args.target_url else args.model
     if args.judge_url:
@@ -415,7 +471,7 @@ def print_estimate(task: TaskConfig, options: RunOptions, *, json_output: bool) 
         parts = ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items() if k != "total")
         print(f"wall time on this machine, about {seconds['total'] / 60:.1f} min ({parts}): prompt tokens at "
               f"{timing.tokens_per_s:.0f}/s per scoring worker x {timing.workers} (timed just now on the seed), the "
-              f"policy at {timing.policy_s_per_candidate:.1f} s per candidate (README, \"What a run costs\")")
+              f"policy at {timing.policy_s_per_candidate:.1f} s per candidate (docs/endpoints.md, \"The cost model\")")
     if budget:
         if smallest:
             print(f"the budget cannot pay for the seed and the final test: {smallest}")
@@ -479,7 +535,9 @@ def print_final_table(task: TaskConfig, report: dict) -> None:
         print(f"  {row['template_name']}: {row['instruction']!r}")
     if "promotion" in report:
         p = report["promotion"]
-        print(f"\nstore: version {p.get('version')} {'PROMOTED' if p['promoted'] else 'not promoted'}; production is version {p['production']}")
+        written = (f"version {p['version']} {'PROMOTED' if p['promoted'] else 'recorded, not promoted'}"
+                   if p.get("version") is not None else "no candidate recorded")
+        print(f"\nstore: {written}; production is version {p['production']}")
         for reason in p["reasons"]:
             print(f"  {reason}")
     usage = report.get("usage", {}).get("total", {})
@@ -491,7 +549,9 @@ def print_final_table(task: TaskConfig, report: dict) -> None:
         print(f"stopped before the last step: {report['stopped']}")
     if report.get("choice") and not report["choice"]["chosen"]:
         print(f"\n{report['choice']['verdict']}")
-    print(f"\nreport: {report['run_dir']}/report.json   W&B (offline) run: {report['wandb_folder']}")
+    page = Path(report["run_dir"]) / "report.html"
+    print(f"\nreport: {report['run_dir']}/report.json{f'  page: {page}' if page.is_file() else ''}   "
+          f"W&B (offline) run: {report['wandb_folder']}")
 
 
 def input_values(task: TaskConfig, text: str) -> dict[str, str]:
@@ -596,6 +656,21 @@ def cmd_schedule(args) -> int:
     return 0
 
 
+def cmd_report(args) -> int:
+    """A run's report page from its report.json (a run writes it too; this draws it again, or elsewhere)."""
+    from pipelines import run_report
+
+    run_dir = Path(args.run_dir)
+    report = run_report.read_report(run_dir)
+    out = run_report.output_path(run_dir, args.out)
+    try:
+        run_report.write_html(report, out)
+    except OSError as exc:
+        raise ConfigError(f"cannot write {out} ({exc.strerror}): give a writable --out FILE") from None
+    print(f"report: {escape(str(out))}")
+    return 0
+
+
 class Parser(argparse.ArgumentParser):
     """argparse with a usage error in one line (still exit 2); the subcommands' parsers are of this class too."""
 
@@ -633,58 +708,49 @@ example_count = whole_number(1, MAX_RENDER_EXAMPLES)  # render's -n
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="tune-prompts",
-        description="Tune LLM prompt templates with reinforcement learning. "
-        "With --task and no command, runs the tuning job.",
+        description="Tune LLM prompt templates with reinforcement learning. With --task and no command, runs the\n"
+        "tuning job: a policy model writes candidate instructions, each is scored on the task's data (its metric,\n"
+        "an LLM judge, robustness, tokens, latency), PPO updates the policy, and the candidate chosen on dev is\n"
+        "tested and put through the promotion gate into the template store. Each command's --help has examples.\n"
+        "Exit 0: done; 2: bad input (one line saying what to fix); 1: a failure (check: below a bar).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="examples:\n  tune-prompts --task risk\n  tune-prompts tasks\n  tune-prompts render --task risk -n 3\n"
-        "  tune-prompts eval --task risk --split test",
+        epilog="examples:\n  tune-prompts --task risk\n  tune-prompts --task risk --estimate\n"
+        "  tune-prompts --task risk --steps 1 --candidates 4 --dev-examples 0 --no-store\n"
+        "  tune-prompts --task risk --target-url http://localhost:8000/v1 "
+        "--target-model HuggingFaceTB/SmolLM2-135M-Instruct\n"
+        "  tune-prompts tasks\n  tune-prompts render --task risk -n 3\n  tune-prompts eval --task risk --split test",
     )
+    # the help's example defaults (YAML and pydantic, no data), from config itself: a command's load_task may be
+    # replaced (tests do) without breaking the parser
+    risk = config.load_task("risk")
     parser.add_argument("--debug", action="store_true",
                         help="show the traceback of an unexpected error (also TUNE_PROMPTS_DEBUG=1)")
-    parser.add_argument("--task", help=f"the task to tune: a built-in ({', '.join(builtin_tasks())}) or a task YAML file")
+    add_task_flag(parser, required=False)
     tuning = parser.add_argument_group("tuning (with --task and no command)")
-    tuning.add_argument("--steps", type=whole_number(1), help="steps of the loop (default: the task's ppo.steps; risk: 2)")
-    tuning.add_argument("--candidates", type=int, help="candidates per step, one group (default: the task's generation.candidates_per_step; risk: 16)")
-    tuning.add_argument("--dev-examples", type=int, default=100, help="dev examples per candidate reward (default 100; 0: all)")
+    tuning.add_argument("--steps", type=whole_number(1),
+                        help=f"steps of the loop (default: the task's ppo.steps; risk: {risk.ppo.steps})")
+    tuning.add_argument("--candidates", type=int, help="candidates per step, one group (default: the task's "
+                        f"generation.candidates_per_step; risk: {risk.generation.candidates_per_step})")
+    tuning.add_argument("--dev-examples", type=int, default=RunOptions.dev_examples,
+                        help="dev examples per candidate reward (default %(default)s; 0: all)")
     tuning.add_argument("--finalists", type=whole_number(1),
                         help="candidates evaluated on the whole dev split beside the seed, under the gate's bars "
-                             "(default: the task's selection.shortlist, 2); at most one, the chosen, is tested")
+                             f"(default: the task's selection.shortlist; risk: {risk.selection.shortlist}); at most "
+                             "one, the chosen, is tested")
     tuning.add_argument("--run-dir", help="run folder for checkpoints, report and W&B files (default runs/<task>-<time>)")
     tuning.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
     tuning.add_argument("--seed", type=int, help="the run's seed: sampling and PPO minibatch order (default: the "
-                        "task's ppo.seed, 0); the data split has its own, split.seed")
+                        f"task's ppo.seed; risk: {risk.ppo.seed}); the data split has its own, split.seed")
     tuning.add_argument("--backend", choices=["local", "openrlhf"], default="local",
                         help="local: this machine's PPO loop (default); openrlhf: write the train_ppo_ray job and submit it")
     tuning.add_argument("--dry-run", action="store_true", help="with --backend openrlhf: print the job instead of submitting it")
     tuning.add_argument("--ray-address", help="Ray cluster address (default: a local Ray)")
-    tuning.add_argument("--num-scorers", type=int, default=2,
-                        help="Ray scoring actors, each with an equal share of the CPUs (default 2; at most one per CPU)")
+    tuning.add_argument("--num-scorers", type=int, default=RunOptions.num_scorers,
+                        help="Ray scoring actors, each with an equal share of the CPUs (default %(default)s; at most "
+                        "one per CPU)")
     tuning.add_argument("--policy-model", default=EMBEDDED,
                         help="the policy that writes instructions: the embedded model or a Hugging Face folder")
-    tuning.add_argument("--model", default=EMBEDDED, help="the target model (and judge, unless --judge-model): "
-                        "the embedded model, a Hugging Face folder or hub id")
-    tuning.add_argument("--judge-model", help="a separate judge: a local model, or with --target-url/--judge-url a "
-                        "model name that server serves")
-    served = parser.add_argument_group(
-        "tuning a served model (OpenAI-compatible: vLLM, TGI, a gateway); eval, check and predict take their own "
-        "--target-url/--target-model/--judge-url/--api-key-env, and the four connection flags below when given "
-        "before the command")
-    served.add_argument("--target-url", help="the target's server, e.g. http://localhost:8000/v1 "
-                        "(vLLM: vllm serve MODEL --max-logprobs 20)")
-    served.add_argument("--target-model", help="the model name the target server serves (GET URL/models lists them)")
-    served.add_argument("--judge-url", help="the judge's server (default: --target-url)")
-    served.add_argument("--api-key-env", default="TUNE_PROMPTS_API_KEY",
-                        help="name of the environment variable holding the API key, never the key")
-    served.add_argument("--max-concurrency", type=whole_number(1), default=4,
-                        help="requests in flight per scoring actor (default 4)")
-    served.add_argument("--request-timeout", type=positive_seconds, default=30.0,
-                        help="seconds one request may take (default 30)")
-    served.add_argument("--max-retries", type=whole_number(0), default=3,
-                        help="retries after a timeout, a dropped connection, 429 or 5xx, with backoff (default 3); "
-                        "then the run stops, and --resume continues it")
-    served.add_argument("--top-logprobs", type=whole_number(1), default=20,
-                        help="alternatives per position to read labels from (default 20, OpenAI's limit; a vLLM "
-                        "server started with a higher --max-logprobs allows more, and fewer labels get floored)")
+    add_model_flags(parser, command=False)
     budget = parser.add_argument_group("budget (see --estimate)")
     budget.add_argument("--max-target-calls", type=whole_number(1),
                         help="stop before the step that, with the final test, would pass this many target calls")
@@ -693,84 +759,154 @@ def build_parser() -> argparse.ArgumentParser:
     budget.add_argument("--estimate", action="store_true",
                         help="print the calls and tokens the run will take, per phase and model, and for a local "
                         "model its wall time on this machine (its scorer timed for a few seconds); tunes nothing")
-    tuning.add_argument("--store", help="template store URL (default sqlite:///$TUNE_PROMPTS_HOME/store.sqlite)")
+    cli_store.add_store_flag(tuning)
     tuning.add_argument("--no-store", action="store_true", help="do not record the result in the store")
     tuning.add_argument("--no-promote", action="store_true", help="record the result but never move production")
-    tuning.add_argument("--wandb-mode", choices=["offline", "online", "disabled"], default="offline")
-    tuning.add_argument("--wandb-project", default="tune-prompts")
+    tuning.add_argument("--wandb-mode", choices=["offline", "online", "disabled"], default=RunOptions.wandb_mode,
+                        help="W&B logging (default %(default)s: files in the run folder, nothing sent)")
+    tuning.add_argument("--wandb-project", default=RunOptions.wandb_project, help="(default %(default)s)")
     tuning.add_argument("--wandb-entity")
-    tuning.add_argument("--json", action="store_true", help="print the final report as JSON")
+    cli_store.add_json_flag(tuning, "the final report")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    raw = argparse.RawDescriptionHelpFormatter
 
-    p = sub.add_parser("tasks", help="list tasks with data sizes and label balance")
+    p = sub.add_parser(
+        "tasks", help="list tasks with data sizes and label balance", formatter_class=raw,
+        description="List the built-in tasks, and the task files given: examples, label balance (a generation\n"
+        "task: its output contract), train/dev/test sizes and data source. Reads the data; loads no model.",
+        epilog="examples:\n  tune-prompts tasks\n  tune-prompts tasks my_task/task.yaml --json")
     p.add_argument("files", nargs="*", help="extra task YAML files to include")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    cli_store.add_json_flag(p, "one record per task")
     p.set_defaults(func=cmd_tasks)
 
-    p = sub.add_parser("render", help="show a template rendered on a few examples")
-    p.add_argument("--task", required=True, help=f"a built-in task ({', '.join(builtin_tasks())}) or a task YAML file")
+    p = sub.add_parser(
+        "render", help="show a template rendered on a few examples", formatter_class=raw,
+        description="Render a template (the task's seed, or --template FILE) on the first examples of a split and\n"
+        "print each prompt as the target model receives it, with its expected label or reference. Loads no model\n"
+        "(--chat loads the model's tokenizer, for its chat template).",
+        epilog="examples:\n  tune-prompts render --task risk -n 3\n"
+        "  tune-prompts render --task risk --template my_template.txt --split test --chat")
+    add_task_flag(p)
     p.add_argument("--template", help="a template file (YAML record or plain text); default: the task's seed template")
-    p.add_argument("--split", default="dev", choices=["train", "dev", "test"])
-    p.add_argument("-n", type=example_count, default=3, help=f"how many examples, 1 to {MAX_RENDER_EXAMPLES} (default 3)")
+    p.add_argument("--split", default="dev", choices=["train", "dev", "test"], help="(default %(default)s)")
+    p.add_argument("-n", type=example_count, default=3,
+                   help=f"how many examples, 1 to {MAX_RENDER_EXAMPLES} (default %(default)s)")
     p.add_argument("--chat", action="store_true", help="wrap each prompt in the target model's chat template")
     p.add_argument("--model", default=None, help="model whose chat template --chat uses (default: the embedded one)")
-    p.add_argument("--json", action="store_true")
+    cli_store.add_json_flag(p, "the template and the rendered prompts")
     p.set_defaults(func=cmd_render)
 
-    p = sub.add_parser("eval", help="score a template: every reward component on the dev or test split, with timing")
-    p.add_argument("--task", required=True, help="a built-in task or a task YAML file")
+    p = sub.add_parser(
+        "eval", help="score a template: every reward component on the dev or test split, with timing",
+        formatter_class=raw,
+        description="Score one template (the task's seed, or --template FILE) as a tuning run scores a candidate:\n"
+        "each reward component with its weight and the total, the held-out metric under the task's decision, the\n"
+        "contract rates, PromptBench PDR, the judge's rubrics, tokens, latency, and the time each part took.",
+        epilog="examples:\n  tune-prompts eval --task risk --split test\n"
+        "  tune-prompts eval --task risk --template my_template.txt --json\n"
+        "  tune-prompts eval --task risk --target-url http://localhost:8000/v1 --target-model "
+        "HuggingFaceTB/SmolLM2-135M-Instruct")
+    add_task_flag(p)
     p.add_argument("--template", help="a template file (YAML record or plain text); default: the task's seed template")
-    p.add_argument("--split", default="dev", choices=["dev", "test"])
-    add_model_args(p, "target and judge model")
+    p.add_argument("--split", default="dev", choices=["dev", "test"], help="(default %(default)s)")
+    cli_store.add_json_flag(p, "the evaluation report")
+    add_model_flags(p, command=True)
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser(
         "check", help="drift check: score the production template on fresh data against its bars",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=raw,
         description="Score the task's production template (from the store) and compare it with the task's "
-        "promotion thresholds and a held-out metric bar.\nExit 0: every bar holds; 1: below a bar "
-        "(with --tune-if-below: the tuning run's exit code); 2: bad input, no store, no production template.",
-        epilog="tuning flags go before the command and apply with --tune-if-below, e.g.\n"
+        "promotion\nthresholds and a held-out metric bar. The target and judge flags go before or after the command;\n"
+        "the tuning flags go before it and apply with --tune-if-below.\nExit 0: every bar holds; 1: below a bar "
+        "(with --tune-if-below: the tuning run's exit code); 2: bad input,\nno store, no production template.",
+        epilog="examples:\n  tune-prompts check --task risk --store sqlite:///runs/store.sqlite\n"
+        "  tune-prompts check --task risk --split dev --min-metric 0.75 --json\n"
         "  tune-prompts --steps 4 --num-scorers 2 --ray-address auto check --task risk --tune-if-below")
-    p.add_argument("--task", required=True, help="a built-in task or a task YAML file")
-    p.add_argument("--store", help="template store URL (default sqlite:///$TUNE_PROMPTS_HOME/store.sqlite)")
+    add_task_flag(p)
+    cli_store.add_store_flag(p)
     p.add_argument("--split", default="test", choices=["dev", "test"],
-                   help="default test: tuning never reads it, so it stands for fresh data (point the task's "
+                   help="(default %(default)s: tuning never reads it, so it stands for fresh data; point the task's "
                    "data.source at newly labelled data to check on that)")
     p.add_argument("--min-metric", type=float, help="bar for the task's held-out metric (default: the figure the "
                    "store recorded for this version on test, minus --max-drop)")
-    p.add_argument("--max-drop", type=float, default=0.05, help="allowed drop of the held-out metric (default 0.05)")
+    p.add_argument("--max-drop", type=float, default=DEFAULT_MAX_DROP,
+                   help="allowed drop of the held-out metric (default %(default)s)")
     p.add_argument("--tune-if-below", action="store_true", help="below a bar: start a tuning run into the same store")
-    add_model_args(p, "target and judge model")
+    cli_store.add_json_flag(p, "the check's report (with --tune-if-below, the tuning run's inside it)")
+    add_model_flags(p, command=True)
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser(
         "predict", help="what production receives: the stored version's decision on one or more inputs",
-        description="Render the version the store routes to (production, a --label, or the caller --key's A/B "
-        "route), ask the target model for its label log-probs, and apply the decision rule stored with that "
-        "version (e.g. the threshold fitted on train). TemplateReader.predict does the same in an application.")
-    p.add_argument("--task", required=True, help="a built-in task or a task YAML file")
+        formatter_class=raw,
+        description="Render the version the store routes to (production, a --label, or the caller --key's A/B\n"
+        "route), ask the target model for its label log-probs (a generation task: its answer), and apply the\n"
+        "decision rule stored with that version (e.g. the threshold fitted on train). TemplateReader.predict does\n"
+        "the same in an application. A task with several inputs takes each --text as a JSON object of them.",
+        epilog="examples:\n  tune-prompts predict --task risk --text 'WIN a prize! Call 0906...' --text 'see you at 7'\n"
+        "  tune-prompts predict --task risk --label staging --json --text 'Your parcel is held: pay the fee here'\n"
+        "  tune-prompts predict --task risk --key user-17 --target-url http://localhost:8000/v1 "
+        "--target-model HuggingFaceTB/SmolLM2-135M-Instruct --text 'see you at 7'")
+    add_task_flag(p)
     p.add_argument("--text", required=True, action="append", help="an input; repeat for several")
-    p.add_argument("--store", help="template store URL (default sqlite:///$TUNE_PROMPTS_HOME/store.sqlite)")
-    p.add_argument("--label", default="production", help="the label to read (default production)")
+    cli_store.add_store_flag(p)
+    p.add_argument("--label", default="production", help="the label to read (default %(default)s)")
     p.add_argument("--key", help="a caller key: route as the A/B canary does for this caller (instead of --label)")
-    add_model_args(p, "the target model, when not served")
+    cli_store.add_json_flag(p, "the predictions")
+    add_model_flags(p, command=True)
     p.set_defaults(func=cmd_predict)
 
-    p = sub.add_parser("schedule", help="submit check-and-tune jobs to a Ray cluster on a schedule")
-    p.add_argument("--task", required=True)
+    p = sub.add_parser(
+        "schedule", help="submit check-and-tune jobs to a Ray cluster on a schedule", formatter_class=raw,
+        description="At each tick of a cron schedule (or every N seconds), submit one job to a Ray cluster through\n"
+        "its job API: by default `tune-prompts check --task TASK --tune-if-below`, which tunes only when the\n"
+        "production template has fallen below its bars. A tick while the task's job still runs is skipped. Every\n"
+        "event goes to RUN_DIR/schedule.jsonl and stdout; Ctrl-C stops (a running job keeps running).",
+        epilog="examples:\n  tune-prompts schedule --task risk --ray-address http://localhost:8265 --cron '0 3 * * *'\n"
+        "  tune-prompts schedule --task risk --ray-address http://localhost:8265 --every-s 3600 --max-ticks 24 "
+        "--store postgresql://tune@db/prompts")
+    add_task_flag(p)
     p.add_argument("--ray-address", required=True, help="the cluster's job API, e.g. http://HEAD:8265")
     p.add_argument("--cron", help="5-field cron (local time), e.g. '0 3 * * *' for 03:00 daily")
     p.add_argument("--every-s", type=float, help="instead of --cron: a tick every N seconds, the first at once")
     p.add_argument("--max-ticks", type=int, help="stop after N ticks, once their jobs end (default: run until stopped)")
-    p.add_argument("--store", help="the store URL the job checks and tunes into (as the cluster sees it)")
-    p.add_argument("--split", default="test", choices=["dev", "test"])
+    cli_store.add_store_flag(p, "; the store the job checks and tunes into, as the cluster sees it")
+    p.add_argument("--split", default="test", choices=["dev", "test"], help="the job's check split (default %(default)s)")
     p.add_argument("--command", default=".venv/bin/tune-prompts", help="tune-prompts as the cluster runs it, relative "
-                   "to where Ray was started on the head (default .venv/bin/tune-prompts)")
+                   "to where Ray was started on the head (default %(default)s)")
     p.add_argument("--entrypoint", help="a shell command to submit instead of the check-and-tune job")
     p.add_argument("--run-dir", help="folder for schedule.jsonl (default runs/schedule-<task>-<time>)")
-    p.add_argument("--poll-s", type=float, default=2.0, help="how often job statuses are polled (default 2 s)")
+    p.add_argument("--poll-s", type=float, default=2.0, help="how often job statuses are polled (default %(default)s s)")
     p.set_defaults(func=cmd_schedule)
+
+    p = sub.add_parser(
+        "validate", help="check task files as a run reads them (data, labels, splits, seed template), loading no model",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Load each task file with the code a run uses, read its data, map its labels, make the\n"
+        "splits, render the seed template on one example and count its tokens against template.max_tokens\n"
+        "(with the embedded model's tokenizer; no model weights are loaded). Prints a short summary per file\n"
+        "and 'ok'. Exit 0: every file is usable; 2: the first problem, in one line naming the fix.",
+        epilog="examples:\n  tune-prompts validate my_task/task.yaml\n"
+        "  tune-prompts validate --json risk tests/data/cases_4label.yaml")
+    p.add_argument("files", nargs="+", metavar="TASK.yaml", help="task YAML files (or built-in task names: risk, ...)")
+    cli_store.add_json_flag(p, "one record per file")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser(
+        "report", help="write a run's report.html: learning curves, candidates, test, samples, gate, store, usage",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Draw one self-contained HTML page from a tuning run's report.json: the reward by step, the\n"
+        "candidates each step produced, the seed against the chosen template on the held-out test split (with\n"
+        "counts and 95% intervals), sample answers, the gate's decision with every bar, what the store recorded,\n"
+        "and the calls, tokens and wall time. Figures are inline SVG; the page loads nothing from the network.\n"
+        "A run writes RUN_DIR/report.html itself; this draws it again. Exit 0: written; 2: no such folder, no\n"
+        "report.json, or a file that is not a run report.",
+        epilog="examples:\n  tune-prompts report runs/risk-20261205-1200\n"
+        "  tune-prompts report runs/risk-20261205-1200 --out /tmp/risk-report.html")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a tuning run's folder (its --run-dir), holding report.json")
+    p.add_argument("--out", metavar="FILE", help="where to write the page (default RUN_DIR/report.html)")
+    p.set_defaults(func=cmd_report)
 
     cli_store.register(sub).set_defaults(func=cli_store.run)
     return parser

@@ -26,46 +26,98 @@ from templates.routing import BUCKETS, DEFAULT_RAMP, bucket, takes_canary
 from templates.store import MAX_ID, StoreError, TemplateStore, Version, check_name, default_store_url
 
 
+def add_store_flag(parser, note: str = "") -> None:
+    """``--store URL``, as every command that reads or writes the template store takes it."""
+    parser.add_argument("--store", metavar="URL", help="template store: sqlite:///PATH or postgresql://USER@HOST/DB "
+                        f"(default: sqlite:///$TUNE_PROMPTS_HOME/store.sqlite){note}")
+
+
+def add_json_flag(parser, what: str = "the result") -> None:
+    """``--json``, as every command that prints a result takes it (here, because this module is also registered
+    on its own and the main CLI imports it)."""
+    parser.add_argument("--json", action="store_true", help=f"print {what} as JSON")
+
+
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the ``store`` command to a CLI's subparsers; run the parsed args with ``run(args)``."""
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--store", metavar="URL", help="store URL: sqlite:///PATH or postgresql://USER@HOST/DB "
-                        "(default: sqlite:///$TUNE_PROMPTS_HOME/store.sqlite)")
-    common.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    add_store_flag(common)
+    add_json_flag(common)
+    raw = argparse.RawDescriptionHelpFormatter
 
-    parser = subparsers.add_parser("store", help="inspect and move template versions and labels")
+    parser = subparsers.add_parser(
+        "store", help="inspect and move template versions and labels", formatter_class=raw,
+        description="The versioned template store. A tuning run records the candidate it chose as a version (text,\n"
+        "scores, latency, the gate's decision, its parent); labels such as production point at versions and move,\n"
+        "versions never change. VERSION is a version id or TASK@LABEL (risk@production). Every command takes\n"
+        "--store URL and --json; an error is one line on stderr and exit 2, having changed nothing.",
+        epilog="examples:\n  tune-prompts store list\n  tune-prompts store list risk\n"
+        "  tune-prompts store show risk@production\n  tune-prompts store route risk --canary 2 --share 0.05")
     commands = parser.add_subparsers(dest="store_command", required=True, metavar="COMMAND")
 
-    p = commands.add_parser("list", parents=[common], help="tasks, or the versions of one task")
+    p = commands.add_parser(
+        "list", parents=[common], help="tasks, or the versions of one task", formatter_class=raw,
+        description="Without TASK: each task with its number of versions, its production version, canary and labels.\n"
+        "With TASK: its versions, each with its content hash, parent, run, gate decision, labels, creation time\n"
+        "and test scores.",
+        epilog="examples:\n  tune-prompts store list\n  tune-prompts store list risk --json")
     p.add_argument("task", nargs="?")
     p.set_defaults(store_handler=_list)
 
-    p = commands.add_parser("show", parents=[common], help="one version in full")
+    p = commands.add_parser(
+        "show", parents=[common], help="one version in full", formatter_class=raw,
+        description="One version in full: its task, labels, parent and run, the decision rule production applies\n"
+        "with it, its dev and test scores, latency, the gate's decision with every reason, and the template text.",
+        epilog="examples:\n  tune-prompts store show 2\n  tune-prompts store show risk@production --json")
     p.add_argument("version", help="version id or TASK@LABEL")
     p.set_defaults(store_handler=_show)
 
-    p = commands.add_parser("diff", parents=[common], help="template diff and score deltas between two versions")
+    p = commands.add_parser(
+        "diff", parents=[common], help="template diff and score deltas between two versions", formatter_class=raw,
+        description="The unified diff of two versions' template texts (A -> B), and B minus A for every score and\n"
+        "latency figure (none where only one of them has it).",
+        epilog="examples:\n  tune-prompts store diff 1 2\n  tune-prompts store diff risk@production risk@staging")
     p.add_argument("a", help="version id or TASK@LABEL")
     p.add_argument("b", help="version id or TASK@LABEL")
     p.set_defaults(store_handler=_diff)
 
-    p = commands.add_parser("promote", parents=[common], help="make a version production (ends any canary)")
+    p = commands.add_parser(
+        "promote", parents=[common], help="make a version production (ends any canary)", formatter_class=raw,
+        description="Point TASK's production label at VERSION and end any canary, in one transaction. A version\n"
+        "the promotion gate refused, or never saw, needs --force (the move is recorded as forced).",
+        epilog="examples:\n  tune-prompts store promote risk 2\n  tune-prompts store promote risk risk@staging --force")
     p.add_argument("task")
     p.add_argument("version", help="version id or TASK@LABEL")
     p.add_argument("--force", action="store_true", help="promote a version the gate refused or never saw")
     p.set_defaults(store_handler=_promote)
 
-    p = commands.add_parser("rollback", parents=[common], help="production back to the version before the last promotion")
+    p = commands.add_parser(
+        "rollback", parents=[common], help="production back to the version before the last promotion",
+        formatter_class=raw,
+        description="Undo the newest promotion not yet undone: production returns to the version it held before.\n"
+        "Promotions stack: after promoting 1, 2, 3, rollbacks go to 2, then 1, then fail.",
+        epilog="examples:\n  tune-prompts store rollback risk")
     p.add_argument("task")
     p.set_defaults(store_handler=_rollback)
 
-    p = commands.add_parser("label", parents=[common], help="point a label such as staging at a version")
+    p = commands.add_parser(
+        "label", parents=[common], help="point a label such as staging at a version", formatter_class=raw,
+        description="Point a label of TASK (such as staging) at VERSION; `tune-prompts predict --label LABEL` reads\n"
+        "it. production moves only by promote and rollback, canary only by route.",
+        epilog="examples:\n  tune-prompts store label risk staging 3\n  tune-prompts store label risk staging risk@production")
     p.add_argument("task")
     p.add_argument("label")
     p.add_argument("version", help="version id or TASK@LABEL")
     p.set_defaults(store_handler=_label)
 
-    p = commands.add_parser("route", parents=[common], help="show or change canary routing")
+    p = commands.add_parser(
+        "route", parents=[common], help="show or change canary routing", formatter_class=raw,
+        description="A/B routing between TASK's production and canary versions. A caller key hashes (with the task)\n"
+        f"into one of {BUCKETS} buckets and the canary takes those below its share, so raising the share only adds\n"
+        "callers. Without an action: who gets what; --key: which version one caller gets.",
+        epilog="examples:\n  tune-prompts store route risk\n  tune-prompts store route risk --key user-17\n"
+        "  tune-prompts store route risk --canary 3 --share 0.05 --ramp 0.05,0.2,1\n"
+        "  tune-prompts store route risk --advance\n  tune-prompts store route risk --end")
     p.add_argument("task")
     action = p.add_mutually_exclusive_group()
     action.add_argument("--key", help="show which template this caller key gets")
@@ -73,7 +125,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     action.add_argument("--advance", action="store_true", help="move the canary share to the ramp's next step")
     action.add_argument("--end", action="store_true", help="stop the canary; everyone gets production")
     p.add_argument("--share", type=float, help="canary share with --canary, 0..1 (default: the ramp's first step)")
-    p.add_argument("--ramp", type=_ramp, help="canary ramp with --canary, e.g. 0.05,0.2,1 (default: 0.05,0.2,1)")
+    p.add_argument("--ramp", type=_ramp, help="canary ramp with --canary, e.g. 0.05,0.5,1 (default: "
+                   f"{','.join(f'{step:g}' for step in DEFAULT_RAMP)})")
     p.set_defaults(store_handler=_route)
     return parser
 

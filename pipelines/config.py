@@ -54,21 +54,24 @@ class LabelSpec(_Strict):
 
 class DataConfig(_Strict):
     source: str = Field(description="a CSV/TSV/JSONL path (relative to the task file) or package:<pkg>/<path>")
-    format: Literal["csv", "jsonl"] = "csv"
+    format: Literal["csv", "jsonl"] = Field("csv", description="csv (a TSV too, with delimiter) or jsonl (one JSON "
+                                            "object a line); a .gz or .bz2 file is decompressed as it is read")
     delimiter: str = Field(",", description="one character between the fields of a CSV/TSV row")
-    header: bool = True
+    header: bool = Field(True, description="the CSV's first row names its columns; false: give columns")
     columns: tuple[str, ...] | None = Field(None, description="column names when the file has no header row")
-    text_column: str = "text"
+    text_column: str = Field("text", description="the column of the input text; the template's input placeholder "
+                             "has its name, e.g. {text}")
     input_columns: tuple[str, ...] = Field((), description="several inputs: the columns whose values fill the "
                                            "template's input placeholders, one each (default: text_column alone)")
-    label_column: str = "label"
+    label_column: str = Field("label", description="classification: the column of the raw label values that "
+                              "labels.<name>.values map")
     reference_column: str = Field("reference", description="generation tasks: the column holding each example's "
                                   "reference answer (JSON text for a json contract, plain text for a regex one)")
     reference_entity: Literal["url", "email", "phone", "amount", "date", "number"] | None = Field(
         None, description="generation tasks: instead of a reference column, each example's reference is the first "
         "entity of this type in its input (rewards.entities); rows without one are left out")
     drop_values: tuple[str, ...] = Field((), description="label-column values whose rows are dropped")
-    dedupe: bool = True
+    dedupe: bool = Field(True, description="drop a row whose input repeats an earlier row's (the first is kept)")
     max_chars: int = Field(2000, gt=0, description="longer texts are cut to this many characters")
 
     @field_validator("delimiter")
@@ -91,8 +94,11 @@ class SplitConfig(_Strict):
 
 class TemplateConfig(_Strict):
     skeleton: str = Field(description="the fixed frame: {instruction} plus the input placeholder, each once")
-    seed_instruction: str = ""
-    constraints: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    seed_instruction: str = Field("", description="the hand-written instruction put into the skeleton: the seed "
+                                  "template the run starts from and every candidate is compared with")
+    constraints: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="input placeholder -> checks its values must pass when rendered: "
+        "{max_chars: N}, {in: [...]}, {regex: '...'} (RE2 syntax, a full match)")
     max_tokens: int = Field(192, gt=0, description="token budget of a whole template")
     max_instruction_tokens: int = Field(48, gt=0, description="how many tokens the policy may write (its max new tokens)")
     chat_template: bool = Field(True, description="wrap the rendered prompt in the target model's chat template")
@@ -146,7 +152,8 @@ class ScoringConfig(_Strict):
         "output contract (a broken contract is a failure); argmax: the most probable answer word. 'threshold' is "
         "the old name of calibrated",
     )
-    answer: AnswerConfig = AnswerConfig()
+    answer: AnswerConfig = Field(AnswerConfig(), description="the output contract the target's greedy answers "
+                                 "are held to (instruction_following)")
     metric: Literal["balanced_accuracy", "accuracy", "macro_f1", "roc_auc", *GENERATION_METRICS] = Field(
         "balanced_accuracy", description="the held-out metric reported and compared by the promotion gate "
         "(generation tasks: field_exact_match, token_f1 or contract_rate; default field_exact_match)"
@@ -163,7 +170,9 @@ class ScoringConfig(_Strict):
     judge_examples: int = Field(8, ge=1, description="responses per candidate graded by the judge's response rubrics")
     batch_size: int = Field(64, gt=0, description="examples per forward pass of the target, packed without padding")
     calibration_examples: int = Field(120, ge=2, description="train examples used to fit the calibrated decision")
-    robustness_attacks: tuple[Literal["checklist", "stresstest"], ...] = ("checklist", "stresstest")
+    robustness_attacks: tuple[Literal["checklist", "stresstest"], ...] = Field(
+        ("checklist", "stresstest"), description="PromptBench perturbations of the template, one variant each; "
+        "robustness is the reward metric's drop rate (PDR) under them")
     robustness_examples: int = Field(20, ge=2, description="dev examples scored per perturbed template")
     robustness_tokens: int | None = Field(
         2000, gt=0, description="input tokens the robustness sample may hold (at least 10 examples, or "
@@ -175,7 +184,8 @@ class ScoringConfig(_Strict):
         "inputs): a task of long inputs checks a sample of its test split rather than all of it; the rate's "
         "denominator says how many (the 219 of risk's 400 test messages that have entities hold about 11,200); "
         "null: every input")
-    racing: RacingConfig = RacingConfig()
+    racing: RacingConfig = Field(RacingConfig(), description="how a step's candidates race: all on a first "
+                                 "slice, the best on the rest")
     search_split: Literal["train", "dev"] = Field(
         "train", description="the split a step's rewards read (the search sample): train keeps the dev split for the "
         "choice alone, so its paired test against the seed is not run on the examples the shortlist was picked on "
@@ -336,14 +346,17 @@ class PPOConfig(_Strict):
     kl_coef: float = Field(0.02, ge=0, description="initial coefficient of the KL penalty in the reward")
     kl_target: float | None = Field(None, gt=0, description="None: a fixed KL coefficient; else the adaptive target KL")
     kl_horizon: int = Field(10000, ge=1, description="horizon of the adaptive KL controller, in samples")
-    kl_estimator: Literal["k1", "k2", "k3"] = "k1"
+    kl_estimator: Literal["k1", "k2", "k3"] = Field("k1", description="openrlhf's per-token estimate of the KL to "
+                                                    "the reference policy: k1 the log-ratio, k2 and k3 lower-variance "
+                                                    "approximations")
     ppo_epochs: int = Field(2, ge=1, description="passes over each rollout batch")
     minibatch_size: int = Field(4, ge=1, description="samples per optimizer step")
     lr: float = Field(2e-4, gt=0, description="AdamW learning rate of the LoRA adapter")
     critic_lr: float = Field(1e-3, gt=0, description="AdamW learning rate of the value head")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping, per optimizer step")
-    lora_rank: int = Field(8, ge=1)
-    lora_alpha: int = Field(16, ge=1)
+    lora_rank: int = Field(8, ge=1, description="rank of the policy's LoRA adapter")
+    lora_alpha: int = Field(16, ge=1, description="LoRA scaling: the adapter's update is multiplied by "
+                            "lora_alpha / lora_rank")
     lora_target_modules: tuple[str, ...] = Field(
         ("q_proj", "k_proj", "v_proj", "o_proj"), description="module names that get a LoRA adapter"
     )
@@ -377,23 +390,30 @@ ADVANTAGE_ESTIMATORS: tuple[str, ...] = get_args(PPOConfig.model_fields["advanta
 class TaskConfig(_Strict):
     """Everything that defines a task. Built-ins live in pipelines/tasks/*.yaml."""
 
-    name: str = Field(pattern=r"^[a-z][a-z0-9_-]*$")
-    description: str
-    data: DataConfig
+    name: str = Field(pattern=r"^[a-z][a-z0-9_-]*$", description="lowercase letters, digits, - and _: the store "
+                      "keeps the task's template versions under it, and a run's folder is named after it")
+    description: str = Field(description="what the task decides, in a few sentences: the policy reads it to write "
+                             "instructions, and the judge and the readability scorer read it beside what they grade")
+    data: DataConfig = Field(description="where the examples come from and which columns hold what")
     labels: dict[str, LabelSpec] = Field(default_factory=dict, max_length=MAX_LABELS,
                                          description="classification: two or more labels (a generation task has none)")
     output: OutputConfig | None = Field(None, description="generation: the answer's contract (then no labels)")
     positive_label: str | None = Field(None, description="two labels: the one whose log-odds the calibrated "
                                        "threshold cuts (e.g. high_risk); more labels: leave it out")
-    split: SplitConfig = SplitConfig()
-    template: TemplateConfig
-    scoring: ScoringConfig = ScoringConfig()
-    judge: JudgeConfig
-    reward: RewardConfig
-    promotion: PromotionSettings = PromotionSettings()
-    selection: SelectionConfig = SelectionConfig()
-    generation: GenerationConfig = GenerationConfig()
-    ppo: PPOConfig = PPOConfig()
+    split: SplitConfig = Field(SplitConfig(), description="the train/dev/test split: sizes and seed")
+    template: TemplateConfig = Field(description="the skeleton, the seed instruction, input constraints and token "
+                                     "budgets; or the path of a YAML file holding them")
+    scoring: ScoringConfig = Field(ScoringConfig(), description="how a template is measured: the decision, the "
+                                   "metrics and the samples each reward component reads")
+    judge: JudgeConfig = Field(description="the LLM judge's yes/no rubrics (may be empty: judge: {})")
+    reward: RewardConfig = Field(description="the weight of each reward component in a candidate's total reward")
+    promotion: PromotionSettings = Field(PromotionSettings(), description="the promotion gate's bars on the "
+                                         "held-out split")
+    selection: SelectionConfig = Field(SelectionConfig(), description="how a run chooses the candidate that goes "
+                                       "to the held-out test")
+    generation: GenerationConfig = Field(GenerationConfig(), description="how the policy samples candidate "
+                                         "instructions")
+    ppo: PPOConfig = Field(PPOConfig(), description="the policy update (PPO and its relatives, on a LoRA adapter)")
     base_dir: Path = Field(Path("."), exclude=True, description="folder of the task file; relative paths start here")
 
     @model_validator(mode="before")

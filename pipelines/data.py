@@ -265,6 +265,9 @@ def split_examples(task: TaskConfig, examples: list[Example]) -> Splits:
     # Test is carved out first so that changing train/dev sizes never moves an example into test.
     for split in ("test", "dev", "train"):
         size = getattr(cfg, split)
+        if cfg.balanced and size < len(by_label):  # size // labels would be 0: a split without examples
+            raise DataError(f"task {task.name!r}: split.{split} is {size}, fewer than the {len(by_label)} labels, so "
+                            f"a balanced split would hold no examples; raise split.{split} to {len(by_label)} or more")
         for name, pool in by_label.items():
             if cfg.balanced:
                 want = size // len(by_label)
@@ -272,9 +275,12 @@ def split_examples(task: TaskConfig, examples: list[Example]) -> Splits:
                 want = max(1, round(size * share[name]))
             if len(pool) < want:
                 of_label = f" of label {name!r}" if name else ""
+                # one of a label per split is the least there is: only more data helps
+                fix = (f"lower split.{split} or add data" if want > 1 else
+                       "add data: each label needs at least 3 examples, one each for test, dev and train")
                 raise DataError(
                     f"task {task.name!r}: split {split!r} needs {want} examples{of_label} "
-                    f"but only {len(pool)} are left; lower split.{split} or add data"
+                    f"but only {len(pool)} are left; {fix}"
                 )
             parts[split].extend(pool[:want])
             del pool[:want]

@@ -43,6 +43,7 @@ class LoopState:
     wandb_id: str | None = None
     usage: dict[str, dict] = field(default_factory=dict)  # phase (seed, steps, select, test) -> role -> Usage
     stopped: str | None = None  # why the run ended before its last step (the budget), if it did
+    candidates: list[dict] = field(default_factory=list)  # each step's candidates, as logged (the run report)
 
     @classmethod
     def from_json(cls, data: dict) -> "LoopState":
@@ -101,6 +102,7 @@ def tune(task: TaskConfig, options: RunOptions, *, resume: bool = False, log=pri
     from pipelines.rl import ppo as rl
     from pipelines.tracking import Tracker
 
+    started = time.perf_counter()
     run_dir = Path(options.run_dir)
     splits = load_splits(task)
     check_sources(options, log)  # a missing model folder, or a server that is down, stops the run here, named
@@ -136,8 +138,10 @@ def tune(task: TaskConfig, options: RunOptions, *, resume: bool = False, log=pri
                 f"{exc}. The run stopped after step {state.step} of {options.steps}; its checkpoint is in {run_dir}. "
                 f"Once the server answers again, run the same command with --resume --run-dir {run_dir}"
             ) from None
-        report["timings"] = {**timings, **report["timings"]}
-        (run_dir / "report.json").write_text(json.dumps(report, indent=1, default=str))
+        report["timings"] = {**timings, **report["timings"], "timing/total_s": time.perf_counter() - started}
+        text = json.dumps(report, indent=1, default=str)
+        (run_dir / "report.json").write_text(text)
+        _write_page(json.loads(text), run_dir, log)
         return report
     finally:
         if tracker is not None:
@@ -227,6 +231,7 @@ def _run(task, options, pool, learner, tokenizer, tracker, state: LoopState, run
               "estimate": {**plan.as_dict(), "for_steps_run": {role: u.as_dict() for role, u in
                                                      plan.total(state.step, chosen=choice.chosen is not None).items()}},
               "choice": choice.as_dict(), "test": final_rows, "history": state.history, "learning": learning,
+              "candidates": state.candidates,
               "scorer_workers_replaced": pool.replaced, "timings": timings}
     # 8. promote: the chosen candidate goes through the gate into the store (with none, the store only learns the
     # seed as its first production version, if it had none)
@@ -273,6 +278,7 @@ def train_step(task: TaskConfig, pool, learner, tokenizer, state: LoopState, ste
     rows = [{**_row(task, step + 1, s), "finished_race": done} for s, done in zip(scored, finished)]
     sampled = [_sampled(task, s) for s in scored]  # what the policy was rewarded with, alike for every sample
     state.leaderboard = _update_leaderboard(state.leaderboard, [row for row in rows if row["finished_race"]])
+    state.candidates += [{k: v for k, v in row.items() if k not in ("template", "samples")} for row in rows]
     state.step = step + 1
     usage = sum_usage({"policy": batch.usage()}, *(s.usage for s in scored))
     state.charge("steps", usage)
@@ -307,6 +313,19 @@ def check_sources(options: RunOptions, log) -> None:
                 raise ConfigError(f"--{role}-url: {exc}") from None
             scorer.check()
             log(f"{role}: {source.model} at {source.url}, up to {source.max_concurrency} requests in flight per actor")
+
+
+def _write_page(report: dict, run_dir: Path, log) -> None:
+    """run_dir/report.html, drawn from what report.json holds (written first, so a failure to draw loses nothing:
+    it is one warning line, and ``tune-prompts report RUN_DIR`` draws the page again)."""
+    from pipelines.run_report import write_html
+
+    try:
+        write_html(report, run_dir / "report.html")
+    except Exception as exc:  # noqa: BLE001 - whatever the drawing raises, the run's result is already saved
+        first = str(exc).split("\n", 1)[0][:200]
+        log(f"warning: report.html not written ({type(exc).__name__}: {first}); report.json is complete, and "
+            f"`tune-prompts report {run_dir}` draws the page from it")
 
 
 def _start_or_resume(run_dir: Path, resume: bool, log) -> tuple[LoopState, Path | None]:
@@ -395,6 +414,8 @@ def _metric_names(task: TaskConfig) -> tuple[str, ...]:
 def _final_row(task: TaskConfig, name: str, ev, gate) -> dict:
     """One evaluated template's held-out row: the production figures under its decision, the rates with their
     counts, and the gate's decision with every reason (the seed against no incumbent, candidates against it)."""
+    from pipelines.choice import metric_interval
+
     m, lat = ev.measured, ev.latency
     row = {"template_name": name, "instruction": instruction_of(task, m.template), "valid": m.valid,
            "decision": ev.decision.kind if ev.decision else None,
@@ -405,6 +426,7 @@ def _final_row(task: TaskConfig, name: str, ev, gate) -> dict:
            "render_us_p99": lat.render_us_p99 if lat else None, "template": m.template,
            "gate_passed": gate.promote if gate else False,
            "gate_reasons": list(gate.reasons) if gate else ["fail: invalid template"]}
+    row[f"{task.scoring.metric}_ci95"] = metric_interval(task, m.outcomes)  # over the test examples, for the report
     row.update({f"pdr/{k}": v for k, v in m.pdr.items()})
     row.update(m.judge)
     row["samples"] = [dict(sample) for sample in m.samples]

@@ -596,7 +596,7 @@ class CandidateScorer:
             readability=readability, prompt_ratio=self.prompt_ratio(template),
             metrics=metrics, reward_metric=cfg.scoring.reward_metric, chance=_reward_chance(cfg),
             pdr=pdr, judge=judged, rates={"instruction_following": out.kept(), "entity_consistency": consistency},
-            samples=self.samples(examples, out, decided), timing=timing,
+            samples=self.samples(examples, out, decided, n=10), timing=timing,  # the run report shows 10 of each
             outcomes=self.outcomes(examples, out, decided),
         )
         result = Evaluation(m, self.reward(m), split, len(examples), decision)

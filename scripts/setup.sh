@@ -37,6 +37,16 @@ import torch
 assert torch.__version__.startswith("2.13.0"), torch.__version__
 print(f"[setup] ok: torch {torch.__version__}, python {sys.version.split()[0]}")
 PY
+# Chromium renders the run report in tests/test_run_report.py: Debian's package, where this runs as root with
+# apt-get. Anything else only skips that test; set-up goes on.
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && { apt-get update -qq \
+      && apt-get install -y -qq --no-install-recommends chromium; } >/dev/null 2>&1; then
+    echo "[setup] installed chromium (the run report's browser test)"
+  else
+    echo "[setup] chromium not installed (it needs root, apt-get and the network): the run report's browser test will be skipped"
+  fi
+fi
 if [ "$BENCH" = 1 ]; then
   # `pip install -e .[bench]` cannot work here: it resolves the project's own requirements again, and
   # openrlhf's flash-attn pin needs CUDA to build. So the extra's pins are read from pyproject.toml and

@@ -199,6 +199,30 @@ def test_the_tasks_command_refuses_the_same_way(tmp_path, capsys):
     refused(["tasks", write_task(tmp_path, text)], capsys, "duplicate key")
 
 
+THREE_LABELS = {"high": {"values": ["fraud"], "verbalizer": "yes"}, "low": {"values": ["ok"], "verbalizer": "no"},
+                "unsure": {"values": ["maybe"], "verbalizer": "maybe"}}
+
+
+@pytest.mark.parametrize("changes, rows, words", [
+    ({"name": ["not", "a", "name"]}, None, ["name: Input should be a valid string"]),
+    # five rows: the second label has none left for train (one of each label per split is the least there is)
+    ({"split": {"train": 2, "dev": 2, "test": 2}}, [("fraud", 3), ("ok", 2)],
+     ["split 'train' needs 1 examples of label 'low'", "each label needs at least 3 examples"]),
+    # balanced splits take size // labels of each label: a split of 2 over 3 labels would hold none
+    ({"labels": THREE_LABELS, "positive_label": None, "split": {"train": 3, "dev": 3, "test": 2}},
+     [("fraud", 4), ("ok", 4), ("maybe", 4)], ["split.test is 2, fewer than the 3 labels", "raise split.test to 3"]),
+    ({"template.max_tokens": 5}, None, ["the seed template: template has", "over the budget of 5",
+                                       "raise template.max_tokens"]),
+])
+def test_validate_refuses_in_one_line(tmp_path, capsys, changes, rows, words):
+    """validate reads the file, the data and the splits as a run does and refuses the same way, one line."""
+    path = write_task(tmp_path, **changes)
+    if rows:  # the data file, as (label value, rows) pairs
+        (tmp_path / "cases.csv").write_text("label,text\n" + "".join(
+            f"{label},case {label} {i}\n" for label, n in rows for i in range(n)))
+    refused(["validate", path], capsys, *words)
+
+
 # --- 4. Data and its paths ---------------------------------------------------------------
 
 @pytest.mark.parametrize("delimiter", ["", ";;", "\n", '"'])

@@ -71,6 +71,8 @@ def test_tune_runs_end_to_end_and_fills_wandb_and_the_store(tmp_path, capsys, ra
         assert total == 40 and row["instruction_following"] == pytest.approx(kept / total)  # every test answer
         assert any(reason.startswith(("pass: instruction_following", "fail: instruction_following"))
                    for reason in row["gate_reasons"])
+        low, high = row["balanced_accuracy_ci95"]  # the bootstrap over the test examples, for the run report
+        assert 0 <= low <= high <= 1 and len(row["samples"]) == 10
 
     # the per-step candidate tables, read back from the offline W&B files
     tables = wandb_tables(run_dir, "candidates")
@@ -81,6 +83,16 @@ def test_tune_runs_end_to_end_and_fills_wandb_and_the_store(tmp_path, capsys, ra
         texts = [row[table["columns"].index("template")] for row in table["data"]]
         assert all("{text}" in t or "Message:" in t for t in texts)
     assert len(wandb_tables(run_dir, "leaderboard")) == 1
+    # ... which report.json keeps too, for the run report; and the page itself, drawn after report.json
+    assert [c["step"] for c in report["candidates"]] == [1] * 4 + [2] * 4
+    assert all(set(c) >= {"instruction", "total_reward", "task_metric", "instruction_following"} for c in report["candidates"])
+    assert report["timings"]["timing/total_s"] > report["timings"]["timing/select_s"]
+    from pipelines.run_report import SECTIONS
+
+    page = (run_dir / "report.html").read_text()
+    assert all(f'<section id="{name}">' in page for name in SECTIONS) and f"page: {run_dir / 'report.html'}" in out
+    assert all(f'<figure id="fig-{name}">' in page for name in ("reward", "components", "test", "time"))
+    assert page.count("<svg") == 4 and not any(f'{a}="{s}' in page for a in ("src", "href") for s in ("http", "//"))
     # a few sampled answers per candidate: what the model said and what the contract made of it
     answers = wandb_tables(run_dir, "answers")
     assert len(answers) == 2
