@@ -333,7 +333,7 @@ def check_affordable(plan: Plan, budget: Budget) -> None:
 # A local run's time follows the tokens its models compute (``CountingModel.work``: a template's prefix once per
 # call, each pair's own tokens, each answer's new tokens), not the calls: the default risk run's phases (steps,
 # selection, test) each ran at the same rate of computed tokens per second, and so does a task of 1,000-character
-# inputs, whose pairs are 5 times as long (README, "What a run costs"). Measured on 2 quiet cores (AVX-512 BF16,
+# inputs, whose pairs are 5 times as long (docs/endpoints.md, "The cost model"). Measured on 2 quiet cores (AVX-512 BF16,
 # bfloat16): the policy (sampling and the PPO update on the driver's 2 threads) took 2.7 s per candidate while one
 # scoring worker, timed by ``calibrate``, computed REFERENCE_TOKENS_PER_S; start-up (imports, Ray, models) about 20 s.
 REFERENCE_TOKENS_PER_S = 1180.0  # one worker, the machine above (risk; 970 on 1,000-character inputs)
