@@ -153,3 +153,29 @@ def test_the_readme_own_task_validates_and_tunes_as_written(tmp_path, monkeypatc
     assert "held-out test split (card-fraud)" in out
     report = json.loads((tmp_path / tune[tune.index("--run-dir") + 1] / "report.json").read_text())
     assert report["steps"] == 1 and report["test"][0]["template_name"] == "seed"
+
+
+# --- links ------------------------------------------------------------------------------------------------------
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def anchors(path: Path) -> set[str]:
+    """The anchors a markdown file offers: explicit <a id="..."> ones and GitHub's slugs of its headings."""
+    text = path.read_text()
+    found = set(re.findall(r'<a id="([^"]+)"></a>', text))
+    for heading in re.findall(r"^#+ (.+)$", text, flags=re.M):
+        found.add(re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-"))
+    return found
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_every_relative_link_points_at_a_file_and_anchor_that_exist(doc):
+    for target in LINK.findall(doc.read_text()):
+        if re.match(r"[a-z]+:", target):  # http(s), mailto: not this repository's
+            continue
+        file, _, anchor = target.partition("#")
+        path = (doc.parent / file).resolve() if file else doc
+        assert path.exists(), f"{doc.name} links to {target}, which does not exist"
+        if anchor and path.suffix == ".md":
+            assert anchor in anchors(path), f"{doc.name} links to {target}: no such anchor in {path.name}"
