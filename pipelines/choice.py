@@ -5,9 +5,11 @@ will (``CandidateScorer.evaluate``: the production decision fitted on train, eve
 
 1. **Feasible first.** Each candidate goes through the promotion gate itself (``templates.gate.decide``) on its
    dev figures against the seed's, with bars tightened by the task's ``selection`` margins: a rate must clear
-   its threshold by ``rate_margin``, the latency (the probe's median on dev) must stay ``latency_margin`` under
-   the gate's ceiling. A
-   candidate the gate would refuse on dev is not chosen, however high its reward.
+   its threshold by ``rate_margin``; latency by a confidence bound (``latency_bound``): the candidate and the
+   seed answered the same dev requests interleaved, and the one-sided upper bound (at ``selection.alpha``) of
+   the median of their per-request ratios must stay under the gate's own ceiling (1 +
+   ``promotion.max_latency_p95_increase``). A candidate the gate would refuse on dev is not chosen, however
+   high its reward.
 2. **It must beat the seed.** A paired bootstrap over the dev examples (both templates answered the same
    examples) gives the gain on the gate's metric and a one-sided p-value; a candidate goes on only when
    ``p < selection.alpha`` (and its gain clears ``promotion.min_improvement``, one of the gate's bars).
@@ -59,23 +61,65 @@ class Choice:
 
 
 def dev_bars(task: TaskConfig) -> PromotionConfig:
-    """The gate's bars as the choice reads them on dev: each threshold raised by ``rate_margin``, the latency
-    ceiling lowered by ``latency_margin``."""
+    """The gate's bars as the choice reads them on dev: each threshold raised by ``rate_margin``; the latency
+    ceiling is the gate's own, read against a confidence bound (``latency_bound``)."""
     config, sel = task.promotion_config(), task.selection
-    increase = max(0.0, task.latency_ceiling() - 1)
-    return dataclasses.replace(config, thresholds={k: v + sel.rate_margin for k, v in config.thresholds.items()},
-                               max_latency_p95_increase=increase)
+    return dataclasses.replace(config, thresholds={k: v + sel.rate_margin for k, v in config.thresholds.items()})
 
 
-def _dev_measurements(ev, metric: str):
-    """What the gate reads, from a dev evaluation. Latency: the probe's median stands in for its p95 (the largest
-    of 12 requests), a steadier figure for the same question, how much slower the template is than the seed."""
+@dataclass(frozen=True)
+class LatencyBound:
+    """How much slower a candidate's requests are than the seed's, from requests timed in pairs on dev."""
+
+    ratio: float  # the median of the per-request ratios candidate / seed
+    upper: float  # its one-sided upper confidence bound at the selection's alpha (bootstrap over the pairs)
+    pairs: int  # requests both answered
+
+
+def latency_bound(task: TaskConfig, candidate, seed) -> LatencyBound | None:
+    """The candidate's latency over the seed's, request by request: both answered the same dev inputs, their
+    requests interleaved (``CandidateScorer.latencies``), so the ratio of a pair cancels the input's own length
+    and the machine's drift. The gate compares p95s on test, the longest inputs, where a template's extra tokens
+    weigh least: the median ratio over all inputs is the larger of the two, so bounding it is the cautious side.
+    None when there are no paired requests (not timed together, or every request failed)."""
+    c = np.asarray(candidate.latency.samples_ms if candidate.latency else (), dtype=float)
+    s = np.asarray(seed.latency.samples_ms if seed.latency else (), dtype=float)
+    if len(c) == 0 or len(c) != len(s):
+        return None
+    ok = np.isfinite(c) & np.isfinite(s) & (s > 0)
+    if not ok.any():
+        return None
+    ratios = c[ok] / s[ok]
+    rng = np.random.default_rng(int(hashlib.sha256(f"{task.name}:{task.ppo.seed}:latency".encode()).hexdigest()[:8], 16))
+    medians = np.median(ratios[rng.integers(0, len(ratios), size=(task.selection.bootstrap, len(ratios)))], axis=1)
+    return LatencyBound(float(np.median(ratios)), float(np.quantile(medians, 1 - task.selection.alpha)), int(ok.sum()))
+
+
+def _dev_measurements(ev, metric: str, latency_ratio: float | None = None):
+    """What the gate reads, from a dev evaluation. Latency in units of the seed's: the seed reads 1 and a
+    candidate its ``latency_bound`` upper bound (NaN without one, which fails the bar)."""
     scores, latency = record(ev)
-    return measurements({"test": scores[ev.split]}, {**latency, "latency_p95_ms": latency.get("latency_p50_ms")}, metric)
+    ratio = 1.0 if latency_ratio is None else latency_ratio
+    return measurements({"test": scores[ev.split]}, {**latency, "latency_p95_ms": ratio}, metric)
 
 
-def _on_dev(decision: Decision) -> Decision:
-    return Decision(decision.promote, tuple(r.replace("latency_p95_ms", "latency_p50_ms") for r in decision.reasons))
+def _on_dev(decision: Decision, task: TaskConfig, bound: LatencyBound | None = None, seed: bool = False) -> Decision:
+    """The gate's reasons, with its latency line saying what the choice compared on dev."""
+    ceiling = 1 + task.promotion.max_latency_p95_increase
+    reasons = []
+    for r in decision.reasons:
+        if "latency_p95_ms" in r:
+            ok = r.startswith("pass")
+            if seed:
+                r = "pass: latency: the seed is what candidates are timed against"
+            elif bound is None:
+                r = "fail: latency: not timed beside the seed on dev"
+            else:
+                r = (f"{'pass' if ok else 'fail'}: latency: upper {1 - task.selection.alpha:.0%} bound of the median "
+                     f"per-request ratio to the seed over {bound.pairs} paired dev requests {bound.upper:.3f} "
+                     f"{'<=' if ok else '>'} {ceiling:.3g} (median {bound.ratio:.3f})")
+        reasons.append(r)
+    return Decision(decision.promote, tuple(reasons))
 
 
 def metric_on(task: TaskConfig, outcomes, rows: np.ndarray) -> np.ndarray:
@@ -149,7 +193,8 @@ def choose(task: TaskConfig, seed, candidates: Sequence) -> Choice:
     """The choice among ``candidates`` (dev ``Evaluation``s) against ``seed`` (the seed's, on the same split)."""
     sel, metric = task.selection, task.scoring.metric
     bars = dev_bars(task)
-    seed_row = _row(task, seed, "seed", _on_dev(decide(_dev_measurements(seed, metric), None, bars)), None)
+    seed_row = _row(task, seed, "seed", _on_dev(decide(_dev_measurements(seed, metric), None, bars), task, seed=True),
+                    None)
     seed_row["feasible"] = None  # production already: it is compared with, not gated
     if not candidates:
         return Choice(None, f"{NO_WINNER} (the run has no valid candidate)", metric, [seed_row])
@@ -160,8 +205,11 @@ def choose(task: TaskConfig, seed, candidates: Sequence) -> Choice:
         if not ev.measured.valid:
             rows.append(_row(task, ev, f"candidate {i}", None, None))
             continue
-        decision = _on_dev(decide(_dev_measurements(ev, metric), _dev_measurements(seed, metric), bars))
+        bound = latency_bound(task, ev, seed)
+        measured = _dev_measurements(ev, metric, bound.upper if bound else float("nan"))
+        decision = _on_dev(decide(measured, _dev_measurements(seed, metric), bars), task, bound)
         row = _row(task, ev, f"candidate {i}", decision, paired_gain(task, ev, seed, rows=idx))
+        row["latency_ratio"], row["latency_ratio_upper"] = (bound.ratio, bound.upper) if bound else (None, None)
         row["beats_seed"] = row["p_value"] < sel.alpha
         row["bars"].append(f"{'pass' if row['beats_seed'] else 'fail'}: paired bootstrap over {n} dev examples: gain "
                            f"{row['gain']:+.4g}, p {row['p_value']:.3g} {'<' if row['beats_seed'] else '>='} "

@@ -297,9 +297,10 @@ class SelectionConfig(_Strict):
         "its promotion threshold on dev by this much: dev and test are different samples (about +-0.03 at 200 and "
         "400 examples), and bfloat16 greedy answers may differ from float32 ones in a few per cent of cases")
     latency_margin: float = Field(
-        0.1, ge=0, lt=1, description="on dev, the latency probe's median must stay this fraction under the gate's "
-        "ceiling (the seed's median times 1 + promotion.max_latency_p95_increase); the median, not the p95 of 12 "
-        "requests (their largest), which is too noisy to choose by")
+        0.1, ge=0, lt=1, description="in the search and the shortlist, a candidate's latency is predicted from its "
+        "prompt tokens (their ratio to the seed's), and must stay this fraction under the gate's ceiling (1 + "
+        "promotion.max_latency_p95_increase); the choice on dev times the requests and bounds their ratio to the "
+        "seed's at alpha against the gate's ceiling itself")
     alpha: float = Field(0.05, gt=0, lt=0.5, description="one-sided level of the paired bootstrap over dev examples: a "
                          "candidate goes to test only if its gain over the seed on the gate's metric is above 0 at this level")
     bootstrap: int = Field(2000, ge=100, le=100000, description="bootstrap resamples of the dev examples")
@@ -525,8 +526,9 @@ class TaskConfig(_Strict):
             raise ValueError(f"promotion: {exc}") from None
 
     def latency_ceiling(self) -> float:
-        """The latency ratio over the seed that the choice lets a candidate reach on dev: the gate's ceiling
-        (1 + ``promotion.max_latency_p95_increase``) less ``selection.latency_margin`` of it."""
+        """The predicted latency ratio over the seed (``Measured.prompt_ratio``) that the search and the shortlist
+        let a candidate reach: the gate's ceiling (1 + ``promotion.max_latency_p95_increase``) less
+        ``selection.latency_margin`` of it. (The choice on dev reads measured requests instead, ``choice.latency_bound``.)"""
         return (1 + self.promotion.max_latency_p95_increase) * (1 - self.selection.latency_margin)
 
     def components(self) -> dict:

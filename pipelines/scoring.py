@@ -89,6 +89,9 @@ class Latency:
     p95_ms: float
     error_rate: float
     render_us_p99: float
+    # each request's time in order (NaN: failed); templates timed together answered the same inputs in the same
+    # order, so request i of one pairs with request i of the other (the choice's latency bound, pipelines/choice.py)
+    samples_ms: tuple[float, ...] = ()
 
 
 def _reward_chance(task: TaskConfig) -> float:
@@ -619,6 +622,7 @@ class CandidateScorer:
         examples = list(self.splits[split])
         inputs = [self._inputs(t, examples) for t in templates]
         times: list[list[float]] = [[] for _ in templates]
+        paired: list[list[float]] = [[] for _ in templates]  # in request order, NaN where it failed
         failed = [0] * len(templates)
         usage: list[dict[str, Usage]] = [{} for _ in templates]
         for i in range(n_requests):
@@ -630,12 +634,15 @@ class CandidateScorer:
                 usage[k] = sum_usage(usage[k], self.spent_since(before))
                 if probe["error_rate"] > 0 or not np.isfinite(probe["p50"]):
                     failed[k] += 1
+                    paired[k].append(float("nan"))
                 else:
                     times[k].append(probe["p50"])
+                    paired[k].append(float(probe["p50"]))
         out = []
         for k, template in enumerate(templates):
             ok, nan = times[k], float("nan")  # every request failed: no latency, which fails the gate's bar too
             latency = Latency(float(np.percentile(ok, 50)) if ok else nan, float(np.percentile(ok, 95)) if ok else nan,
-                              failed[k] / max(1, len(ok) + failed[k]), self.render_us_p99(template, examples))
+                              failed[k] / max(1, len(ok) + failed[k]), self.render_us_p99(template, examples),
+                              tuple(paired[k]))
             out.append((latency, usage[k]))
         return out

@@ -4,7 +4,7 @@ Scripted evaluations: what the scorer would have measured on the same dev exampl
 import numpy as np
 import pytest
 
-from pipelines.choice import NO_WINNER, choose, paired_gain, pareto_front
+from pipelines.choice import NO_WINNER, choose, latency_bound, paired_gain, pareto_front
 from pipelines.config import load_task
 from pipelines.loop import meets_bars, shortlist_of
 from pipelines.scoring import Evaluation, Latency
@@ -17,8 +17,19 @@ def task():
     return load_task("risk")
 
 
-def evaluation(task, text, correct, *, rates=(0.95, 0.95), tokens=30, p95=100.0, readability=0.9):
-    """A dev evaluation whose decision is right on the examples where ``correct`` is True (half of them scams)."""
+def timed(per_request, p95=None, render=5.0) -> Latency:
+    """What ``CandidateScorer.latencies`` returns for requests that took ``per_request`` ms (NaN: failed)."""
+    ok = [t for t in per_request if np.isfinite(t)]
+    return Latency(float(np.median(ok)), p95 or float(np.percentile(ok, 95)), 0.0, render, tuple(per_request))
+
+
+# 12 dev inputs of different lengths: what the seed's requests took, in ms
+SEED_MS = [80.0, 95.0, 100.0, 104.0, 110.0, 121.0, 90.0, 99.0, 130.0, 87.0, 102.0, 115.0]
+
+
+def evaluation(task, text, correct, *, rates=(0.95, 0.95), tokens=30, p95=100.0, readability=0.9, slower=1.0):
+    """A dev evaluation whose decision is right on the examples where ``correct`` is True (half of them scams);
+    its requests take ``slower`` times the seed's, with a little noise."""
     n = len(correct)
     gold = ["high_risk" if i % 2 == 0 else "low_risk" for i in range(n)]
     other = {"high_risk": "low_risk", "low_risk": "high_risk"}
@@ -30,7 +41,9 @@ def evaluation(task, text, correct, *, rates=(0.95, 0.95), tokens=30, p95=100.0,
     m = Measured(template=task.compose(text), valid=True, tokens=tokens, max_tokens=160,
                  metrics={"balanced_accuracy": ba, "roc_auc": ba}, rates={},
                  outcomes={"gold": gold, "decided": decided})
-    return Evaluation(m, Reward(1.0, components, True), "dev", n, None, Latency(p95 * 0.8, p95, 0.0, 5.0))
+    noise = np.random.default_rng(len(text)).normal(1.0, 0.02, len(SEED_MS))
+    return Evaluation(m, Reward(1.0, components, True), "dev", n, None,
+                      timed([t * slower * e for t, e in zip(SEED_MS, noise)]))
 
 
 def right(n, k, seed=0):
@@ -64,14 +77,47 @@ def test_a_rate_right_at_the_bar_fails_the_margin(task):
 
 
 def test_latency_and_readability_are_bars_on_dev_too(task):
-    seed = evaluation(task, "Read the SMS message below.", right(200, 130), p95=100)
-    slow = evaluation(task, "Slow.", right(200, 190, 1), p95=120)  # under +25 %, over +25 % less the 10 % margin
+    seed = evaluation(task, "Read the SMS message below.", right(200, 130))
+    slow = evaluation(task, "Slow.", right(200, 190, 1), slower=1.30)  # over the gate's +25 %
     unreadable = evaluation(task, "Word salad.", right(200, 190, 2), readability=0.1)
     choice = choose(task, seed, [slow, unreadable])
     assert choice.chosen is None
     rows = {r["instruction"]: r for r in choice.rows}
-    assert any(b.startswith("fail: latency_p50_ms 96") for b in rows["Slow."]["bars"])  # the probe's median
+    assert any(b.startswith("fail: latency: upper 95% bound of the median per-request ratio") and "> 1.25" in b
+               for b in rows["Slow."]["bars"])
+    assert rows["Slow."]["latency_ratio"] == pytest.approx(1.30, abs=0.03)
     assert any(b.startswith("fail: readability") for b in rows["Word salad."]["bars"])
+
+
+def test_latency_is_bounded_from_paired_requests_against_the_gates_own_ceiling(task):
+    """The seed-2 case of the default run: a candidate about 16 % slower passes the gate's +25 % on test, so the
+    choice must not refuse it on dev; one whose bound reaches the ceiling is refused; one not timed beside the
+    seed (no paired requests) fails the bar rather than passing unseen."""
+    seed = evaluation(task, "Read the SMS message below.", right(200, 130))
+    ok = evaluation(task, "A bit longer.", right(200, 175, 1), slower=1.16)
+    bound = latency_bound(task, ok, seed)
+    assert bound.pairs == 12 and bound.ratio == pytest.approx(1.16, abs=0.03) and bound.ratio < bound.upper < 1.25
+    assert choose(task, seed, [ok]).chosen == ok.measured.template
+    edge = evaluation(task, "At the ceiling.", right(200, 175, 1), slower=1.24)
+    assert latency_bound(task, edge, seed).upper > 1.24  # the bound, not the estimate, meets the bar
+    assert choose(task, seed, [edge]).chosen is None
+    untimed = evaluation(task, "Untimed.", right(200, 175, 1))
+    untimed.latency = Latency(100.0, 110.0, 0.0, 5.0)
+    verdict = choose(task, seed, [untimed]).verdict
+    assert verdict.startswith(NO_WINNER) and "latency: not timed beside the seed on dev" in verdict
+    failed = evaluation(task, "Failed requests.", right(200, 175, 1))
+    failed.latency = timed([float("nan")] * 6 + SEED_MS[6:])  # the failed pairs are left out, the rest bounded
+    assert latency_bound(task, failed, seed).pairs == 6
+
+
+def test_the_noisier_the_pairs_the_wider_the_bound(task):
+    seed = evaluation(task, "Seed.", right(200, 130))
+    steady = evaluation(task, "Steady.", right(200, 175, 1), slower=1.1)
+    jumpy = evaluation(task, "Steady.", right(200, 175, 1), slower=1.1)
+    spikes = np.random.default_rng(0).choice([0.85, 1.0, 1.3], size=12)
+    jumpy.latency = timed([t * s for t, s in zip(jumpy.latency.samples_ms, spikes)])
+    a, b = latency_bound(task, steady, seed), latency_bound(task, jumpy, seed)
+    assert b.upper - b.ratio > a.upper - a.ratio
 
 
 def test_when_no_candidate_beats_the_seed_on_dev_the_seed_stays(task):
