@@ -272,21 +272,19 @@ def estimate(task: TaskConfig, options: RunOptions, splits: Splits, tokenizer) -
     shortlist = [task.compose(t) for t in synthetic_instructions(task, tokenizer, shortlist_size, offset=k)]
     fresh = counting_models(task, tokenizer, options.target, options.judge)
     chooser = CandidateScorer(task, splits, *fresh, tokenizer, reward_examples=options.dev_examples)
-    for text in [seed] + shortlist:
-        chooser.evaluate(text, "dev", latency=True)
+    on_dev = {text: chooser.evaluate(text, "dev", latency=True) for text in [seed] + shortlist}
     plan.phases["select"] = chooser.spent()
     plan.work["select"] = sum(model.work for model in fresh)
     finalists = shortlist[:1]  # at most one candidate is tested
 
-    # the test: the pool tests templates side by side (ScoringPool._assign). The seed comes first and stays on
-    # the worker that holds its scores; the chosen candidate may go to a worker whose cache has never seen it and
-    # pay again for its robustness sample, so it is priced on a fresh scorer: an upper bound, by at most that
-    # sample
-    seed_test = priced(lambda: scorer.evaluate(seed, "test", latency=True), "test")
+    # the test: the pool tests templates side by side (ScoringPool._assign), each with its production decision
+    # and robustness taken from its dev evaluation (the loop passes them); the chosen candidate may go to a worker
+    # whose cache has never seen it, so it is priced on a fresh scorer
+    seed_test = priced(lambda: scorer.evaluate(seed, "test", latency=True, fitted=on_dev[seed]), "test")
     fresh = counting_models(task, tokenizer, options.target, options.judge)
     tester = CandidateScorer(task, splits, *fresh, tokenizer, reward_examples=options.dev_examples)
     for text in finalists:
-        tester.evaluate(text, "test", latency=True)
+        tester.evaluate(text, "test", latency=True, fitted=on_dev[text])
     plan.chosen_test = tester.spent()
     plan.phases["test"] = {role: seed_test.get(role, Usage()) + usage for role, usage in tester.spent().items()}
     plan.work["test"] += sum(model.work for model in fresh)

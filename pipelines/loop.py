@@ -212,7 +212,9 @@ def _run(task, options, pool, learner, tokenizer, tracker, state: LoopState, run
     t = time.perf_counter()
     tested = [seed_text] + ([choice.chosen] if choice.chosen else [])
     log(f"evaluating the seed{' and the chosen candidate' if choice.chosen else ''} on the held-out test split ...")
-    evaluations = pool.evaluate(tested, "test")
+    # the production decision (fitted on train) and robustness (a dev sample) are the dev evaluations' own
+    on_dev = {ev.measured.template: ev for ev in dev_evaluations}
+    evaluations = pool.evaluate(tested, "test", fitted=[on_dev.get(text) for text in tested])
     timings["timing/test_eval_s"] = time.perf_counter() - t
     # the ending is charged once it has run: a run resumed after a failure here pays for it again, and says so
     state.charge("select", select_usage)

@@ -61,8 +61,9 @@ class ScoringWorker:
     def measure(self, texts: list[str], whole_dev: bool, examples: int | None = None, screen: bool = False):
         return self.scorer.measure(texts, whole_dev=whole_dev, examples=examples, screen=screen)
 
-    def evaluate(self, texts: list[str], split: str):
-        return [self.scorer.evaluate(text, split, latency=False) for text in texts]
+    def evaluate(self, texts: list[str], split: str, fitted: list | None = None):
+        return [self.scorer.evaluate(text, split, latency=False, fitted=known)
+                for text, known in zip(texts, fitted or [None] * len(texts))]
 
     def latencies(self, texts: list[str], split: str):
         """Each template's latency, their requests interleaved, and the calls its probe requests took (a server
@@ -137,12 +138,13 @@ class ScoringPool:
                              for w, chunk in chunks.items()})
         return self._gather(len(texts), chunks, results)
 
-    def evaluate(self, texts: Sequence[str], split: str, latency: bool = True) -> list:
+    def evaluate(self, texts: Sequence[str], split: str, latency: bool = True, fitted: Sequence | None = None) -> list:
         """``Evaluation``s across the workers; then, with ``latency``, the valid templates are timed together
-        (``time``)."""
+        (``time``). ``fitted``: per template, its evaluation on another split or None (``CandidateScorer.evaluate``)."""
         chunks = self._assign(texts, balance=True)
-        results = self._run({w: lambda worker, part=[texts[j] for j in chunk]: worker.evaluate.remote(part, split)
-                             for w, chunk in chunks.items()})
+        known = list(fitted) if fitted is not None else [None] * len(texts)
+        results = self._run({w: lambda worker, part=[texts[j] for j in chunk], got=[known[j] for j in chunk]:
+                             worker.evaluate.remote(part, split, got) for w, chunk in chunks.items()})
         evaluations = self._gather(len(texts), chunks, results)
         if latency:
             self.time(evaluations, split)

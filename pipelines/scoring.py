@@ -565,8 +565,13 @@ class CandidateScorer:
             samples.append((time.perf_counter_ns() - t0) / 1000)
         return float(np.percentile(samples, 99))
 
-    def evaluate(self, text: str, split: str = "dev", *, latency: bool = True) -> Evaluation:
-        """Every component of one template on one split, under the production decision."""
+    def evaluate(self, text: str, split: str = "dev", *, latency: bool = True, fitted: Evaluation | None = None
+                 ) -> Evaluation:
+        """Every component of one template on one split, under the production decision.
+
+        ``fitted``: the same template's evaluation on another split, whose production decision (fitted on train)
+        and robustness (PromptBench's perturbations of a fixed dev sample) are the same on every split: they
+        are taken from it instead of measured again (the test of a template the choice evaluated on dev)."""
         cfg = self.task
         examples = list(self.splits[split])
         check = self.validate(text)
@@ -578,7 +583,10 @@ class CandidateScorer:
         timing = {}
         spent = self.spent()
         t0 = time.perf_counter()
-        decision = self.fit_decision(template)
+        if fitted is not None and fitted.measured.template != text:
+            raise ValueError("fitted is another template's evaluation")
+        reuse = fitted is not None and fitted.decision is not None
+        decision = fitted.decision if reuse else self.fit_decision(template)
         timing["calibrate_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         out = self.responses(template, examples)
@@ -587,7 +595,7 @@ class CandidateScorer:
         timing["target_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         consistency = self.consistency(template, examples, decision, out, decided)
-        pdr = self.robustness_pdr(template)
+        pdr = dict(fitted.measured.pdr) if reuse else self.robustness_pdr(template)
         timing["robustness_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         (judged,) = self.template_judge([template.text])

@@ -279,3 +279,23 @@ def test_the_quoted_tuned_instruction_loses_and_is_refused(lm, decision):
         assert evaluations[1].measured.metrics["balanced_accuracy"] < evaluations[0].measured.metrics["balanced_accuracy"]
         assert any(r.startswith("fail: balanced_accuracy") for r in decision_.reasons)
     assert not math.isnan(evaluations[1].measured.metrics["roc_auc"])
+
+
+def test_a_test_evaluation_takes_the_decision_and_robustness_of_the_dev_one_and_measures_the_rest():
+    """The loop tests a template with its dev evaluation at hand: the production decision is fitted on train and
+    robustness is read on a fixed dev sample, so both are the same on every split and are not paid for again;
+    the answers, rates and metrics are the test split's own."""
+    task = risk_task("calibrated")
+    scorer, target = scripted_scorer(task, EXAMPLES)
+    seed = task.seed_template().text
+    on_dev = scorer.evaluate(seed, "dev", latency=False)
+    fresh, fresh_target = scripted_scorer(task, EXAMPLES)  # no cache: what the test would cost without it
+    alone = fresh.evaluate(seed, "test", latency=False)
+    again, again_target = scripted_scorer(task, EXAMPLES)
+    reused = again.evaluate(seed, "test", latency=False, fitted=on_dev)
+    assert reused.decision == on_dev.decision == alone.decision
+    assert reused.measured.pdr == on_dev.measured.pdr == alone.measured.pdr
+    assert reused.measured.metrics == alone.measured.metrics and reused.measured.rates == alone.measured.rates
+    assert again_target.stats.pairs_scored < fresh_target.stats.pairs_scored
+    with pytest.raises(ValueError, match="another template"):
+        again.evaluate(task.compose("Another instruction."), "test", latency=False, fitted=on_dev)
