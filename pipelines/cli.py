@@ -105,21 +105,22 @@ def read_template_file(path: str, task: TaskConfig) -> Template:
 
     The task's constraints on its input hold for a template from a file too; a record's own constraints add to them.
     """
-    file = Path(path)
+    file, name = Path(path), config.excerpt(path)
     if file.suffix in (".yaml", ".yml"):
         template = Template.from_dict(load_yaml_mapping(file, "template file"))
-    elif file.is_file():
+    else:
+        config.check_file(file, "template file", config.MAX_TASK_FILE_BYTES)
         try:
             text = file.read_text(encoding="utf-8")
         except UnicodeDecodeError as exc:
-            raise ConfigError(f"template file {path!r} is not UTF-8 text (byte {exc.start} is not valid UTF-8): "
+            raise ConfigError(f"template file {name} is not UTF-8 text (byte {exc.start} is not valid UTF-8): "
                               "save it as UTF-8") from None
         template = Template.from_text(text.rstrip("\n"))
-    else:
-        raise ConfigError(f"template file {path!r} does not exist")
     if set(template.variables) != set(task.input_variables):
         wanted = ", ".join("{" + v + "}" for v in task.input_variables)
-        raise TemplateError(f"template in {path} declares {list(template.variables)}; task {task.name!r} fills {wanted}")
+        declared = template.variables[:5] + (("...",) if len(template.variables) > 5 else ())
+        raise TemplateError(f"template in {name} declares {len(template.variables)} variable(s) {list(declared)}; "
+                            f"task {task.name!r} fills {wanted}")
     task_constraints = tuple(constraints_from_spec(task.template.constraints))
     return Template(template.text, template.variables, tuple(dict.fromkeys(task_constraints + template.constraints)),
                     template.decision)

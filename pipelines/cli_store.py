@@ -137,7 +137,8 @@ def run(args: argparse.Namespace) -> int:
         with TemplateStore(args.store or default_store_url(), create=False) as store:
             args.store_handler(store, args)
     except StoreError as exc:
-        print(f"error: {_escaped(str(exc))}", file=sys.stderr)
+        message = _escaped(str(exc))
+        print(f"error: {message if len(message) <= 500 else message[:497] + '...'}", file=sys.stderr)
         return 2
     return 0
 

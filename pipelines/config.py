@@ -19,8 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pipelines.engine.models import EMBEDDED
 from rewards.components import components_for
 from rewards.weighting import check_weights
+from templates.contract import unknown_names
 from templates.gate import PromotionConfig
-from templates.template import Template, TemplateError, constraints_from_spec
+from templates.template import MAX_INPUT_CHARS, Template, TemplateError, constraints_from_spec
 
 BUILTIN_TASKS_DIR = Path(__file__).parent / "tasks"
 
@@ -34,12 +35,25 @@ class ConfigError(ValueError):
 
 
 MAX_TASK_FILE_BYTES = 2**20  # a task or template file is settings, never this big
+MAX_TASK_FILE_DEPTH = 32  # nesting of a task file: a task is 3 deep, an output contract's JSON schema a few more
+# a top-level key as a task, template or template-record file writes it; anything else shows a file of another kind
+_SETTING_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")
+# the explicit tags a settings file may carry: plain scalars and the two containers (!!binary, !!set, !!timestamp,
+# !!omap and !!python/... build objects no setting takes)
+_PLAIN_TAGS = {f"tag:yaml.org,2002:{name}" for name in ("str", "int", "float", "bool", "null", "map", "seq")}
 
 
 def excerpt(value: object, limit: int = 80) -> str:
     """``value`` escaped (repr) and cut to ``limit`` characters: what an error may show of a file it read."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def unknown_keys(keys: list, known=()) -> str:
+    """Unknown keys as an error shows them (``unknown_names``: a count and the first one's name, cut), the fix,
+    and the keys the place knows."""
+    text = f"{unknown_names(keys)}; remove them or check their spelling"
+    return text + (f"; known keys are {', '.join(known)}" if known else "")
 
 
 class _Strict(BaseModel):
@@ -50,6 +64,13 @@ class _Strict(BaseModel):
 class LabelSpec(_Strict):
     values: tuple[str, ...] = Field(min_length=1, description="raw values of the label column that mean this label")
     verbalizer: str = Field(min_length=1, description="the word the target model answers with for this label")
+
+    @field_validator("verbalizer")
+    @classmethod
+    def _a_word(cls, verbalizer: str) -> str:
+        if not verbalizer.strip():
+            raise ValueError("is only whitespace: give the word the target answers with, e.g. yes")
+        return verbalizer
 
 
 class DataConfig(_Strict):
@@ -564,17 +585,20 @@ def _validate(data: dict, base_dir: Path, origin: str) -> TaskConfig:
     try:
         return TaskConfig.model_validate({**data, "base_dir": base_dir})
     except ValidationError as exc:
-        problems = []
+        problems, unknown = [], []
         for err in exc.errors():
             where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-            if not re.fullmatch(r"[\w.-]{1,80}", where):  # a key from the file: show it escaped and short
-                where = excerpt(where)
-            msg = " ".join(err["msg"].split())  # one line
             if err["type"] == "extra_forbidden":
-                msg = "unknown key; remove it or check its spelling"
-            elif err["type"] == "missing":
+                unknown.append(where)
+                continue
+            if not re.fullmatch(r"[\w.-]{1,80}", where):  # a key from the file: show it escaped and short
+                where = excerpt(where, 40)
+            msg = " ".join(err["msg"].split())  # one line
+            if err["type"] == "missing":
                 msg = "required; add it"
             problems.append(f"{where}: {msg[:300]}")
+        if unknown:  # counted, and the first named: a file of other keys must not come back in the message
+            problems.insert(0, unknown_keys(unknown))
         more = f"; and {len(problems) - 3} more" if len(problems) > 3 else ""
         raise ConfigError(f"{origin} is invalid: " + "; ".join(problems[:3]) + more) from None
 
@@ -600,20 +624,36 @@ def load_task(name_or_path: str | Path) -> TaskConfig:
         data["template"] = load_yaml_mapping(template_path, "template file")
         unknown = [key for key in data["template"] if key not in TemplateConfig.model_fields]
         if unknown:
-            names = ", ".join(excerpt(key, 40) for key in unknown[:3]) + (", ..." if len(unknown) > 3 else "")
-            raise ConfigError(f"template file {excerpt(template_path.name)} has {len(unknown)} unknown key(s) "
-                              f"({names}); it may hold only {', '.join(TemplateConfig.model_fields)}")
+            raise ConfigError(f"template file {excerpt(template_path.name)} has "
+                              f"{unknown_keys(unknown, TemplateConfig.model_fields)}")
     return _validate(data, base_dir, f"task file {excerpt(str(path))}")
 
 
 class _TaskFileLoader(yaml.SafeLoader):
-    """SafeLoader that refuses aliases and duplicate keys. An alias expands without bound (a 2 KB 'billion
-    laughs' file becomes gigabytes) and no task needs one; a duplicate key would silently keep the last value."""
+    """SafeLoader that refuses aliases, tags other than plain ones, nesting deeper than MAX_TASK_FILE_DEPTH and
+    duplicate keys. An alias expands without bound (a 2 KB 'billion laughs' file becomes gigabytes) and no task
+    needs one; a tag builds bytes, sets or dates no setting takes; deep nesting is recursion; a duplicate key
+    would silently keep the last value."""
+
+    depth = 0
 
     def compose_node(self, parent, index):
-        if self.check_event(yaml.AliasEvent):
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
             raise yaml.MarkedYAMLError(problem="aliases (*name) are not allowed in task files; write the value out",
-                                       problem_mark=self.peek_event().start_mark)
+                                       problem_mark=event.start_mark)
+        tag = getattr(event, "tag", None)
+        if tag not in (None, "!") and tag not in _PLAIN_TAGS:  # not echoed: a tag is the file's own text
+            raise yaml.MarkedYAMLError(problem="YAML tags such as !!binary, !!set or !!python/... are not allowed in "
+                                       "task files; write a plain value", problem_mark=event.start_mark)
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            if self.depth >= MAX_TASK_FILE_DEPTH:
+                raise _TooDeep()
+            self.depth += 1
+            try:
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
         return super().compose_node(parent, index)
 
     def construct_mapping(self, node, deep=False):
@@ -646,11 +686,24 @@ def check_file(path: Path, what: str, max_bytes: int) -> None:
                           "give a smaller file")
 
 
+class _TooDeep(Exception):
+    """A task file nested deeper than MAX_TASK_FILE_DEPTH."""
+
+
 def load_yaml_mapping(path: Path, what: str) -> dict:
+    """A settings file (task, template section, template record) as a mapping; every refusal is one line that
+    names the file but shows nothing of what it holds beyond a line number (a file of another kind, such as
+    /etc/shadow, must not come back in an error)."""
     check_file(path, what, MAX_TASK_FILE_BYTES)
     name = excerpt(str(path))
     try:
-        data = yaml.load(path.read_bytes().decode("utf-8"), Loader=_TaskFileLoader)
+        loader = _TaskFileLoader(path.read_bytes().decode("utf-8"))
+        try:
+            node = loader.get_single_node()
+            _check_settings_node(node, f"{name} is not a {what}")
+            data = loader.construct_document(node)
+        finally:
+            loader.dispose()
     except UnicodeDecodeError:
         raise ConfigError(f"{what} {name} is not UTF-8 text; save it as UTF-8") from None
     except yaml.MarkedYAMLError as exc:
@@ -659,11 +712,21 @@ def load_yaml_mapping(path: Path, what: str) -> dict:
         raise ConfigError(f"{what} {name} is not valid YAML: {where}{problem}; fix the YAML") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{what} {name} is not valid YAML ({type(exc).__name__}); fix the YAML") from None
-    except RecursionError:
-        raise ConfigError(f"{what} {name} is nested too deep to be settings; flatten it") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{what} {name} must hold a mapping of settings (key: value lines)")
+    except (_TooDeep, RecursionError):
+        raise ConfigError(f"{what} {name} is nested too deep to be settings (over {MAX_TASK_FILE_DEPTH} levels); "
+                          "flatten it") from None
     return data
+
+
+def _check_settings_node(node, not_settings: str) -> None:
+    """Refuse a document that is not a mapping of ``key: value`` lines with setting-like keys, naming only the line."""
+    if not isinstance(node, yaml.MappingNode):
+        line = 1 if node is None else node.start_mark.line + 1
+        raise ConfigError(f"{not_settings} (line {line} is not `key: value`); give a YAML file of settings")
+    for key, _ in node.value:
+        if not isinstance(key, yaml.ScalarNode) or not _SETTING_KEY.fullmatch(key.value):
+            raise ConfigError(f"{not_settings} (line {key.start_mark.line + 1} is not `key: value`); give a YAML file "
+                              "of settings")
 
 
 def resolve_source(source: str, base_dir: Path) -> Path:

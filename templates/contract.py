@@ -41,6 +41,8 @@ EXACT_PUNCTUATION = ".!,;:\"'*`()[]"
 CUT_OFF = "cut off at the token limit"
 WORD = re.compile(r"\w+")
 FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+MAX_SCHEMA_DEPTH = 32  # levels of a contract's JSON schema (properties, items): deeper is recursion, not a format
+MAX_SCHEMA_CHARS = 65_536  # a contract's schema as JSON text: a format an answer keeps is far smaller
 
 
 class ContractError(ValueError):
@@ -69,12 +71,24 @@ def _finite_float(text: str) -> float:
     return value
 
 
-def _short(value: Any, limit: int = 20) -> str:
-    """A value for a reason line: strings quoted and cut to ``limit`` characters, others as JSON."""
+def short(value: Any, limit: int = 20) -> str:
+    """A value for a reason or an error line: strings quoted and cut to ``limit`` characters, others as JSON (or
+    their repr) cut to twice that: an answer, or a setting read from a file, never comes back whole."""
     if isinstance(value, str):
         return repr(value if len(value) <= limit else value[:limit] + "...")
-    text = json.dumps(value, ensure_ascii=False)
+    try:
+        text = json.dumps(value, ensure_ascii=False, default=repr)
+    except (ValueError, RecursionError):  # a circular or too deep value
+        text = type(value).__name__
     return text if len(text) <= 2 * limit else text[:2 * limit] + "..."
+
+
+def unknown_names(names: list, what: str = "unknown key") -> str:
+    """Unknown keys or fields as an error names them: how many, and the first one's name cut to 40 characters
+    (escaped where it is not a plain dotted name), never the rest: a file of another kind must not come back."""
+    first = str(names[0])
+    first = first if re.fullmatch(r"[\w.-]{1,40}", first) else short(first, 37)
+    return f"{len(names)} {what}(s) (the first: {first})"
 
 
 def _json_type(value: Any) -> str:
@@ -184,21 +198,25 @@ SCHEMA_KEYWORDS = {  # the JSON Schema subset: keyword -> (check of its value, w
 }
 
 
-def _check_schema(schema: Any, where: str) -> None:
+def _check_schema(schema: Any, where: str, depth: int = 0) -> None:
+    if depth > MAX_SCHEMA_DEPTH:
+        raise ContractError(f"json schema is nested deeper than {MAX_SCHEMA_DEPTH} levels (at {where[:60]}...); "
+                            "flatten it")
     if not isinstance(schema, Mapping):
-        raise ContractError(f"json schema at {where} must be a mapping such as {{'type': 'object'}}, not {schema!r}")
+        raise ContractError(f"json schema at {where[:60]} must be a mapping such as {{'type': 'object'}}, "
+                            f"not {short(schema)}")
     unknown = sorted(str(k) for k in set(schema) - set(SCHEMA_KEYWORDS))
     if unknown:
-        raise ContractError(f"json schema at {where} has unsupported keyword(s) {unknown}; "
+        raise ContractError(f"json schema at {where[:60]} has {unknown_names(unknown, 'unsupported keyword')}; "
                             f"supported: {', '.join(SCHEMA_KEYWORDS)}")
     for keyword, value in schema.items():
         valid, what = SCHEMA_KEYWORDS[keyword]
         if not valid(value):
-            raise ContractError(f"json schema at {where}: {keyword} must be {what}, not {value!r}")
+            raise ContractError(f"json schema at {where[:60]}: {keyword} must be {what}, not {short(value)}")
     for name, sub in schema.get("properties", {}).items():
-        _check_schema(sub, f"{where}.properties.{name}")
+        _check_schema(sub, f"{where}.properties.{name}", depth + 1)
     if "items" in schema:
-        _check_schema(schema["items"], f"{where}.items")
+        _check_schema(schema["items"], f"{where}.items", depth + 1)
 
 
 def _violation(value: Any, schema: Mapping, path: str) -> str | None:
@@ -209,21 +227,21 @@ def _violation(value: Any, schema: Mapping, path: str) -> str | None:
         if not any(_is_type(value, t) for t in types):
             return f"{path}: expected {'/'.join(types)}, got {_json_type(value)}"
     if "const" in schema and _canon(value) != _canon(schema["const"]):
-        return f"{path}: {_short(value)} is not the constant {_short(schema['const'])}"
+        return f"{path}: {short(value)} is not the constant {short(schema['const'])}"
     if "enum" in schema and _canon(value) not in {_canon(v) for v in schema["enum"]}:
-        return f"{path}: {_short(value)} is not one of {_short(schema['enum'])}"
+        return f"{path}: {short(value)} is not one of {short(schema['enum'])}"
     if isinstance(value, str):
         if len(value) < schema.get("minLength", 0):
-            return f"{path}: {_short(value)} is shorter than minLength {schema['minLength']}"
+            return f"{path}: {short(value)} is shorter than minLength {schema['minLength']}"
         if len(value) > schema.get("maxLength", math.inf):
-            return f"{path}: {_short(value)} is longer than maxLength {schema['maxLength']}"
+            return f"{path}: {short(value)} is longer than maxLength {schema['maxLength']}"
         if "pattern" in schema and not re.search(schema["pattern"], value):
-            return f"{path}: {_short(value)} does not match pattern {_short(schema['pattern'], 40)}"
+            return f"{path}: {short(value)} does not match pattern {short(schema['pattern'], 40)}"
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
         if value < schema.get("minimum", -math.inf):
-            return f"{path}: {_short(value)} is below minimum {schema['minimum']}"
+            return f"{path}: {short(value)} is below minimum {schema['minimum']}"
         if value > schema.get("maximum", math.inf):
-            return f"{path}: {_short(value)} is above maximum {schema['maximum']}"
+            return f"{path}: {short(value)} is above maximum {schema['maximum']}"
     elif isinstance(value, dict):
         properties = schema.get("properties", {})
         for name in schema.get("required", []):
@@ -236,7 +254,7 @@ def _violation(value: Any, schema: Mapping, path: str) -> str | None:
                 if found:
                     return found
             elif schema.get("additionalProperties", True) is False:
-                return f"{path}: unexpected field {_short(name)}"
+                return f"{path}: unexpected field {short(name)}"
     elif isinstance(value, list):
         if len(value) < schema.get("minItems", 0):
             return f"{path}: {len(value)} items, fewer than minItems {schema['minItems']}"
@@ -269,20 +287,20 @@ class OutputContract:
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
-            raise ContractError(f"contract kind {self.kind!r} is not one of {list(KINDS)}")
+            raise ContractError(f"contract kind {short(self.kind)} is not one of {list(KINDS)}")
         for name in ("labels", "words"):
             value = getattr(self, name)
             if isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__iter__"):
-                raise ContractError(f"contract {name} must be a list of strings, not {value!r}")
+                raise ContractError(f"contract {name} must be a list of strings, not {short(value)}")
             object.__setattr__(self, name, tuple(value))
         for name in ("max_chars", "max_depth"):
             limit = getattr(self, name)
             if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-                raise ContractError(f"contract {name}={limit!r} must be a positive integer")
+                raise ContractError(f"contract {name}={str(limit)[:20]} must be a positive integer")
         if self.extract not in EXTRACTS:
-            raise ContractError(f"contract extract {self.extract!r} is not one of {list(EXTRACTS)}")
+            raise ContractError(f"contract extract {short(self.extract)} is not one of {list(EXTRACTS)}")
         if self.rule not in RULES:
-            raise ContractError(f"contract rule {self.rule!r} is not one of {list(RULES)}")
+            raise ContractError(f"contract rule {short(self.rule)} is not one of {list(RULES)}")
         given = {"labels": self.labels, "words": self.words, "schema": self.schema is not None,
                  "pattern": self.pattern is not None, "extract": self.extract != "whole"}
         stray = [name for name, value in given.items() if value and name not in KIND_FIELDS[self.kind]]
@@ -295,10 +313,13 @@ class OutputContract:
             try:  # a private JSON copy: to_dict must be JSON-able, and the caller's dict may change later
                 copy = json.dumps(self.schema, allow_nan=False, default=dict)
                 object.__setattr__(self, "schema", json.loads(copy))
-            except (TypeError, ValueError) as exc:
-                raise ContractError(f"contract schema must be plain JSON: {exc}") from None
+            except (TypeError, ValueError, RecursionError) as exc:
+                raise ContractError(f"contract schema must be plain JSON: {str(exc)[:80]}") from None
+            if len(copy) > MAX_SCHEMA_CHARS:
+                raise ContractError(f"contract schema is {len(copy):,} characters of JSON, over the limit of "
+                                    f"{MAX_SCHEMA_CHARS:,}; give a smaller schema")
         elif not _compiles(self.pattern):
-            raise ContractError(f"a regex contract needs a pattern that compiles, not {self.pattern!r}")
+            raise ContractError(f"a regex contract needs a pattern that compiles, not {short(self.pattern, 40)}")
 
     def _check_labels(self) -> None:
         if len(self.labels) < 2 or len(self.words) != len(self.labels):
@@ -309,7 +330,7 @@ class OutputContract:
             raise ContractError(f"contract labels {list(self.labels)} must be distinct non-empty strings")
         for word in self.words:
             if not isinstance(word, str) or not WORD.fullmatch(word):
-                raise ContractError(f"contract word {word!r} must be one word of letters and digits, e.g. 'yes'")
+                raise ContractError(f"contract word {short(word)} must be one word of letters and digits, e.g. 'yes'")
         if len({word.casefold() for word in self.words}) != len(self.words):
             raise ContractError(f"contract words {list(self.words)} must differ ignoring case")
 
@@ -343,7 +364,7 @@ class OutputContract:
         if self.kind == "regex":
             if re.fullmatch(self.pattern, text):
                 return Parsed(True, text)
-            return Parsed(False, None, f"answer {_short(text)} does not match pattern {_short(self.pattern, 40)}")
+            return Parsed(False, None, f"answer {short(text)} does not match pattern {short(self.pattern, 40)}")
         return self._parse_json(text)
 
     def _parse_labels(self, answer: str, truncated: bool) -> Parsed:
@@ -355,7 +376,7 @@ class OutputContract:
             text = answer.strip().strip(EXACT_PUNCTUATION + " \t\r\n\f\v")
             if text.casefold() in by_word:
                 return Parsed(True, by_word[text.casefold()])
-            return Parsed(False, None, f"answer {_short(text)} is not one of the label words {choices}")
+            return Parsed(False, None, f"answer {short(text)} is not one of the label words {choices}")
         first = WORD.search(answer)
         if first is None:
             return Parsed(False, None, "no words in the answer")
@@ -364,7 +385,7 @@ class OutputContract:
         word = first.group()
         if word.casefold() in by_word:
             return Parsed(True, by_word[word.casefold()])
-        return Parsed(False, None, f"first word {_short(word)} is not one of the label words {choices}")
+        return Parsed(False, None, f"first word {short(word)} is not one of the label words {choices}")
 
     def _parse_json(self, text: str) -> Parsed:
         if len(text) >= 6 and text.startswith("```") and text.endswith("```"):
@@ -396,7 +417,7 @@ class OutputContract:
             return Parsed(True, found.group().strip())
         if truncated:  # no match yet, or one that may go on past the limit ("0906170" of "09061701461")
             return Parsed(False, None, CUT_OFF)
-        return Parsed(False, None, f"no match of the pattern {_short(self.pattern, 40)} in the answer")
+        return Parsed(False, None, f"no match of the pattern {short(self.pattern, 40)} in the answer")
 
     def complete(self, answer: str) -> bool:
         """Whether more tokens cannot change ``parse``'s result, so a generator may stop: a first word followed
@@ -430,9 +451,10 @@ class OutputContract:
         if not isinstance(data, Mapping) or "kind" not in data:
             raise ContractError("an output contract record must be a mapping with a kind, e.g. {'kind': 'labels', ...}")
         fields = ("kind", "labels", "words", "rule", "schema", "pattern", "max_chars", "max_depth", "extract")
-        unknown = sorted(str(k) for k in set(data) - set(fields))
+        unknown = [k for k in data if k not in fields]
         if unknown:
-            raise ContractError(f"output contract record has unknown field(s) {unknown}; known: {', '.join(fields)}")
+            raise ContractError(f"output contract record has "
+                                f"{unknown_names(unknown, 'unknown field')}; known: {', '.join(fields)}")
         try:
             return cls(**data)
         except TypeError as exc:

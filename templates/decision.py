@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from templates.contract import ContractError, OutputContract, Parsed
+from templates.contract import ContractError, OutputContract, Parsed, unknown_names
 
 KINDS = ("calibrated", "argmax", "answer")
 
@@ -144,10 +144,11 @@ class DecisionRule:
     def from_dict(cls, data: Mapping[str, Any]) -> "DecisionRule":
         if not isinstance(data, Mapping):
             raise DecisionError("a decision record must be a mapping with kind, labels and verbalizers")
-        unknown = sorted(set(data) - {"kind", "labels", "verbalizers", "positive", "threshold", "contract",
-                                      "max_new_tokens", "offsets"})
+        fields = ("kind", "labels", "verbalizers", "positive", "threshold", "contract", "max_new_tokens", "offsets")
+        unknown = [k for k in data if k not in fields]
         if unknown:
-            raise DecisionError(f"decision record has unknown field(s) {unknown}")
+            raise DecisionError(f"decision record has "
+                                f"{unknown_names(unknown, 'unknown field')}; known: {', '.join(fields)}")
         try:
             contract = OutputContract.from_dict(data["contract"]) if data.get("contract") is not None else None
             return cls(data["kind"], tuple(data["labels"]), tuple(data["verbalizers"]), data.get("positive"),

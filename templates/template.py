@@ -23,7 +23,10 @@ from typing import Any, Callable, Iterable
 
 import re2
 
+from templates.contract import short, unknown_names
 from templates.decision import DecisionError, DecisionRule
+
+MAX_INPUT_CHARS = 100_000  # characters of one input: about 25,000 tokens, past any target's context
 
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # One scan over the text: escaped braces, a placeholder, or a lone brace (an error).
@@ -172,9 +175,8 @@ class Template:
         literals, names = parse(self.text)
         unknown = sorted(set(names) - set(variables))
         if unknown:
-            raise TemplateError(
-                f"template uses undeclared placeholder(s) {unknown}; declared variables are {list(variables)}"
-            )
+            raise TemplateError(f"template uses {unknown_names(unknown, 'undeclared placeholder')}; declared "
+                                f"variables are {list(variables)}")
         missing = [v for v in variables if v not in names]
         if missing:
             raise TemplateError(f"template text lacks placeholder(s) {['{' + v + '}' for v in missing]}")
@@ -275,9 +277,11 @@ class Template:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Template":
-        unknown = sorted(set(data) - {"text", "variables", "constraints", "decision"})
+        fields = ("text", "variables", "constraints", "decision")
+        unknown = [k for k in data if k not in fields]
         if unknown:
-            raise TemplateError(f"template record has unknown field(s) {unknown}")
+            raise TemplateError(f"template record has "
+                                f"{unknown_names(unknown, 'unknown field')}; known: {', '.join(fields)}")
         if "text" not in data:
             raise TemplateError("template record needs a 'text' field")
         constraints = tuple(constraints_from_spec(data.get("constraints") or []))
@@ -301,14 +305,14 @@ def constraints_from_spec(spec: Any) -> list[Constraint]:
         out = []
         for variable, ops in spec.items():
             if not isinstance(ops, Mapping):
-                raise TemplateError(f"constraints for {variable!r} must be a mapping such as {{in: [a, b]}}")
+                raise TemplateError(f"constraints for {short(variable, 40)} must be a mapping such as {{in: [a, b]}}")
             out.extend(Constraint(str(variable), str(op), arg) for op, arg in ops.items())
         return out
     if isinstance(spec, list):
         out = []
         for item in spec:
             if not isinstance(item, Mapping) or set(item) != {"variable", "op", "arg"}:
-                raise TemplateError(f"constraint record {item!r} needs exactly variable, op and arg")
+                raise TemplateError(f"constraint record {short(item)} needs exactly variable, op and arg")
             out.append(Constraint(str(item["variable"]), str(item["op"]), item["arg"]))
         return out
     raise TemplateError("constraints must be a mapping or a list of records")

@@ -238,9 +238,9 @@ def test_describe():
     (lambda: OutputContract("labels", labels=("a", "b"), words=("y", "n"), rule="last_word"), "rule 'last_word'"),
     (lambda: OutputContract("labels", labels=("a", "b"), words=("y", "n"), pattern="y"), "takes no pattern"),
     (lambda: OutputContract("json"), "must be a mapping"),
-    (lambda: OutputContract("json", schema={"type": "object", "format": "date"}), "unsupported keyword(s) ['format']"),
+    (lambda: OutputContract("json", schema={"type": "object", "format": "date"}), "1 unsupported keyword(s) (the first: format)"),
     (lambda: OutputContract("json", schema={"properties": {"a": {"oneOf": []}}}),
-     "json schema at $.properties.a has unsupported keyword(s) ['oneOf']"),
+     "json schema at $.properties.a has 1 unsupported keyword(s) (the first: oneOf)"),
     (lambda: OutputContract("json", schema={"type": "float"}), "type must be one of"),
     (lambda: OutputContract("json", schema={"pattern": "("}), "pattern must be a regular expression that compiles"),
     (lambda: OutputContract("json", schema={"additionalProperties": {}}), "additionalProperties must be true or false"),
@@ -250,7 +250,7 @@ def test_describe():
     (lambda: OutputContract("regex"), "a pattern that compiles"),
     (lambda: OutputContract("regex", pattern="x", max_chars=0), "max_chars=0 must be a positive integer"),
     (lambda: OutputContract("json", schema={}, max_depth=True), "max_depth=True must be a positive integer"),
-    (lambda: OutputContract.from_dict({"kind": "regex", "pattern": "x", "flags": "i"}), "unknown field(s) ['flags']"),
+    (lambda: OutputContract.from_dict({"kind": "regex", "pattern": "x", "flags": "i"}), "1 unknown field(s) (the first: flags)"),
     (lambda: OutputContract.from_dict(["labels"]), "must be a mapping with a kind"),
 ])
 def test_bad_definitions_raise_contract_error(make, message):

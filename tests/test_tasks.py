@@ -105,7 +105,7 @@ def run_cli(argv, capsys):
         (lambda p: ("nope",), "unknown task 'nope'"),
         (lambda p: (str(p / "missing.yaml"),), "does not exist"),
         (lambda p: ((p / "bad.yaml").write_text("name: [unclosed\n") and str(p / "bad.yaml"),), "not valid YAML"),
-        (lambda p: (str(write_task(p, extra="surprise: 1\n")),), "surprise: unknown key"),
+        (lambda p: (str(write_task(p, extra="surprise: 1\n")),), "1 unknown key(s) (the first: surprise)"),
         (lambda p: (str(write_task(p, header="label,body")),), "column 'text' not found"),
         (lambda p: (str(write_task(p, data_rows=[("maybe", "x")] * 4 + [("ok", "y")] * 4)),), "not mapped to any label"),
         (lambda p: (str(write_task(p, data_rows=[])),), "holds no rows"),
