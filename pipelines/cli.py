@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import re
 import sys
@@ -31,12 +32,15 @@ import time
 import traceback
 import warnings
 from pathlib import Path
-from typing import Sequence
+from typing import Sequence, get_args
+
+import annotated_types
+from pydantic import BaseModel
 
 from pipelines import cli_store, config
 from pipelines.budget import BudgetError
-from pipelines.config import (ConfigError, Endpoint, ModelSource, RunOptions, TaskConfig, builtin_tasks, load_task,
-                              load_yaml_mapping)
+from pipelines.config import (ConfigError, Endpoint, FlagSettings, GenerationConfig, ModelSource, PPOConfig,
+                              RunOptions, SelectionConfig, TaskConfig, builtin_tasks, load_task, load_yaml_mapping)
 from pipelines.data import DataError, load_examples, split_examples
 from pipelines.drift import DEFAULT_MAX_DROP
 from pipelines.engine.endpoints import EndpointError
@@ -317,14 +321,15 @@ def add_model_flags(p: argparse.ArgumentParser, *, command: bool) -> None:
                    help="the judge's server (default: --target-url; with neither, the local model judges)")
     g.add_argument("--api-key-env", default=default(served.api_key_env), help="name of the environment variable "
                    f"holding the API key, never the key (default {served.api_key_env})")
-    g.add_argument("--max-concurrency", type=whole_number(1), default=default(served.max_concurrency),
+    g.add_argument("--max-concurrency", type=setting(FlagSettings, "max_concurrency"),
+                   default=default(served.max_concurrency),
                    help=f"requests in flight per scoring actor (default {served.max_concurrency})")
-    g.add_argument("--request-timeout", type=positive_seconds, default=default(served.timeout_s),
+    g.add_argument("--request-timeout", type=setting(FlagSettings, "timeout_s"), default=default(served.timeout_s),
                    help=f"seconds one request may take (default {served.timeout_s:g})")
-    g.add_argument("--max-retries", type=whole_number(0), default=default(served.max_retries),
+    g.add_argument("--max-retries", type=setting(FlagSettings, "max_retries"), default=default(served.max_retries),
                    help=f"retries after a timeout, a dropped connection, 429 or 5xx, with backoff (default "
                    f"{served.max_retries}); then the command stops (a tuning run: --resume continues it)")
-    g.add_argument("--top-logprobs", type=whole_number(1), default=default(served.top_logprobs),
+    g.add_argument("--top-logprobs", type=setting(FlagSettings, "top_logprobs"), default=default(served.top_logprobs),
                    help=f"alternatives per position to read labels from (default {served.top_logprobs}, OpenAI's "
                    "limit; a vLLM server started with a higher --max-logprobs allows more, and fewer labels get floored)")
 
@@ -390,7 +395,7 @@ def tuning_setup(args, store_url: str | None) -> tuple[TaskConfig, RunOptions]:
     """The task (with the flags that override it) and the run options of a tuning run."""
     task = load_task(args.task)
     changes = {}
-    if args.candidates:
+    if args.candidates is not None:
         changes["generation.candidates_per_step"] = args.candidates
     if args.seed is not None:
         changes["ppo.seed"] = args.seed
@@ -679,31 +684,41 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {one_line(message, 300)}; see {self.prog} --help\n")
 
 
-def whole_number(low: int, high: int | None = None):
-    """An argparse type: a whole number from ``low`` (to ``high``, when given)."""
-    def parse(text: str) -> int:
+def number(kind: type, low: float, high: float, *, above: bool = False):
+    """An argparse type: a finite ``kind`` (int or float) from ``low`` (more than it, with ``above``) to ``high``."""
+    def parse(text: str):
         try:
-            n = int(text)
+            value = kind(text)  # int() refuses '1e30' and numbers of thousands of digits
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a whole number") from None
-        if n < low or (high is not None and n > high):
-            bounds = f"{low} to {high}" if high is not None else f"{low} or more"
-            raise argparse.ArgumentTypeError(f"{n} is out of range: give {bounds}")
-        return n
+            raise argparse.ArgumentTypeError(
+                f"{text[:40]!r} is not a {'whole number' if kind is int else 'number'}") from None
+        if not math.isfinite(value) or value < low or value > high or (above and value == low):
+            bounds = f"{'more than' if above else 'from'} {low:,.12g} to {high:,.12g}"
+            raise argparse.ArgumentTypeError(f"{text[:40]} is out of range: give a number {bounds}")
+        return value
+    parse.bounds = (low, high, kind is int, above)  # what the tests feed it
     return parse
 
 
-def positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number of seconds") from None
-    if not 0 < value <= 3600:
-        raise argparse.ArgumentTypeError(f"{value} is out of range: give more than 0 and at most 3600 seconds")
-    return value
+def setting(model: type[BaseModel], name: str):
+    """The argparse type of the flag that gives ``model``'s field ``name``: its number type and the bounds its
+    Field states, so that a flag accepts what the task file (or ``FlagSettings``) accepts and nothing else."""
+    field = model.model_fields[name]
+    kind = float if float in (field.annotation, *get_args(field.annotation)) else int
+    low, high, above = -math.inf, math.inf, False
+    for bound in field.metadata:
+        if isinstance(bound, annotated_types.Ge):
+            low = bound.ge
+        elif isinstance(bound, annotated_types.Gt):
+            low, above = bound.gt, True
+        elif isinstance(bound, annotated_types.Le):
+            high = bound.le
+        elif isinstance(bound, annotated_types.Lt):  # no flag's field has one; a float flag would need 'below'
+            raise TypeError(f"{model.__name__}.{name}: give the flag's bound as le, not lt")
+    return number(kind, low, high, above=above)
 
 
-example_count = whole_number(1, MAX_RENDER_EXAMPLES)  # render's -n
+example_count = number(int, 1, MAX_RENDER_EXAMPLES)  # render's -n
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -728,34 +743,35 @@ def build_parser() -> argparse.ArgumentParser:
                         help="show the traceback of an unexpected error (also TUNE_PROMPTS_DEBUG=1)")
     add_task_flag(parser, required=False)
     tuning = parser.add_argument_group("tuning (with --task and no command)")
-    tuning.add_argument("--steps", type=whole_number(1),
+    tuning.add_argument("--steps", type=setting(PPOConfig, "steps"),
                         help=f"steps of the loop (default: the task's ppo.steps; risk: {risk.ppo.steps})")
-    tuning.add_argument("--candidates", type=int, help="candidates per step, one group (default: the task's "
+    tuning.add_argument("--candidates", type=setting(GenerationConfig, "candidates_per_step"),
+                        help="candidates per step, one group (default: the task's "
                         f"generation.candidates_per_step; risk: {risk.generation.candidates_per_step})")
-    tuning.add_argument("--dev-examples", type=int, default=RunOptions.dev_examples,
+    tuning.add_argument("--dev-examples", type=setting(FlagSettings, "dev_examples"), default=RunOptions.dev_examples,
                         help="dev examples per candidate reward (default %(default)s; 0: all)")
-    tuning.add_argument("--finalists", type=whole_number(1),
+    tuning.add_argument("--finalists", type=setting(SelectionConfig, "shortlist"),
                         help="candidates evaluated on the whole dev split beside the seed, under the gate's bars "
                              f"(default: the task's selection.shortlist; risk: {risk.selection.shortlist}); at most "
                              "one, the chosen, is tested")
     tuning.add_argument("--run-dir", help="run folder for checkpoints, report and W&B files (default runs/<task>-<time>)")
     tuning.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
-    tuning.add_argument("--seed", type=int, help="the run's seed: sampling and PPO minibatch order (default: the "
+    tuning.add_argument("--seed", type=setting(PPOConfig, "seed"), help="the run's seed: sampling and PPO minibatch order (default: the "
                         f"task's ppo.seed; risk: {risk.ppo.seed}); the data split has its own, split.seed")
     tuning.add_argument("--backend", choices=["local", "openrlhf"], default="local",
                         help="local: this machine's PPO loop (default); openrlhf: write the train_ppo_ray job and submit it")
     tuning.add_argument("--dry-run", action="store_true", help="with --backend openrlhf: print the job instead of submitting it")
     tuning.add_argument("--ray-address", help="Ray cluster address (default: a local Ray)")
-    tuning.add_argument("--num-scorers", type=int, default=RunOptions.num_scorers,
+    tuning.add_argument("--num-scorers", type=setting(FlagSettings, "num_scorers"), default=RunOptions.num_scorers,
                         help="Ray scoring actors, each with an equal share of the CPUs (default %(default)s; at most "
                         "one per CPU)")
     tuning.add_argument("--policy-model", default=EMBEDDED,
                         help="the policy that writes instructions: the embedded model or a Hugging Face folder")
     add_model_flags(parser, command=False)
     budget = parser.add_argument_group("budget (see --estimate)")
-    budget.add_argument("--max-target-calls", type=whole_number(1),
+    budget.add_argument("--max-target-calls", type=setting(FlagSettings, "max_target_calls"),
                         help="stop before the step that, with the final test, would pass this many target calls")
-    budget.add_argument("--max-tokens", type=whole_number(1),
+    budget.add_argument("--max-tokens", type=setting(FlagSettings, "max_tokens"),
                         help="the same for the target's and the judge's prompt + completion tokens")
     budget.add_argument("--estimate", action="store_true",
                         help="print the calls and tokens the run will take, per phase and model, and for a local "
@@ -829,9 +845,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="test", choices=["dev", "test"],
                    help="(default %(default)s: tuning never reads it, so it stands for fresh data; point the task's "
                    "data.source at newly labelled data to check on that)")
-    p.add_argument("--min-metric", type=float, help="bar for the task's held-out metric (default: the figure the "
+    p.add_argument("--min-metric", type=setting(FlagSettings, "min_metric"), help="bar for the task's held-out metric (default: the figure the "
                    "store recorded for this version on test, minus --max-drop)")
-    p.add_argument("--max-drop", type=float, default=DEFAULT_MAX_DROP,
+    p.add_argument("--max-drop", type=setting(FlagSettings, "max_drop"), default=DEFAULT_MAX_DROP,
                    help="allowed drop of the held-out metric (default %(default)s)")
     p.add_argument("--tune-if-below", action="store_true", help="below a bar: start a tuning run into the same store")
     cli_store.add_json_flag(p, "the check's report (with --tune-if-below, the tuning run's inside it)")
@@ -870,15 +886,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_task_flag(p)
     p.add_argument("--ray-address", required=True, help="the cluster's job API, e.g. http://HEAD:8265")
     p.add_argument("--cron", help="5-field cron (local time), e.g. '0 3 * * *' for 03:00 daily")
-    p.add_argument("--every-s", type=float, help="instead of --cron: a tick every N seconds, the first at once")
-    p.add_argument("--max-ticks", type=int, help="stop after N ticks, once their jobs end (default: run until stopped)")
+    p.add_argument("--every-s", type=setting(FlagSettings, "every_s"), help="instead of --cron: a tick every N seconds, the first at once")
+    p.add_argument("--max-ticks", type=setting(FlagSettings, "max_ticks"), help="stop after N ticks, once their jobs end (default: run until stopped)")
     cli_store.add_store_flag(p, "; the store the job checks and tunes into, as the cluster sees it")
     p.add_argument("--split", default="test", choices=["dev", "test"], help="the job's check split (default %(default)s)")
     p.add_argument("--command", default=".venv/bin/tune-prompts", help="tune-prompts as the cluster runs it, relative "
                    "to where Ray was started on the head (default %(default)s)")
     p.add_argument("--entrypoint", help="a shell command to submit instead of the check-and-tune job")
     p.add_argument("--run-dir", help="folder for schedule.jsonl (default runs/schedule-<task>-<time>)")
-    p.add_argument("--poll-s", type=float, default=2.0, help="how often job statuses are polled (default %(default)s s)")
+    p.add_argument("--poll-s", type=setting(FlagSettings, "poll_s"), default=FlagSettings().poll_s, help="how often job statuses are polled (default %(default)s s)")
     p.set_defaults(func=cmd_schedule)
 
     p = sub.add_parser(

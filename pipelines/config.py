@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Hashable
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -28,6 +28,13 @@ BUILTIN_TASKS_DIR = Path(__file__).parent / "tasks"
 
 GENERATION_METRICS = ("field_exact_match", "token_f1", "contract_rate")
 MAX_LABELS = 50  # each label is one more answer word the target must be read for
+# Upper bounds that no one means past (a typo, 1e30 or a pasted number are refused at load with one line, instead of
+# a run that never ends, an allocation that fails or an estimate that counts for hours). Each Field says its own.
+MAX_EXAMPLES = 100_000  # examples in a split or sample: each is scored for every candidate, so more takes days
+MAX_SAMPLE_TOKENS = 10_000_000  # input tokens a sample may hold: at about 1,000 tokens/s per worker, days
+MAX_CANDIDATES = 256  # candidates of one step: each is scored on its sample, and the PPO batch holds them all
+MAX_STEPS = 10_000  # steps of a run: a step takes minutes, so 10,000 is weeks
+MAX_WEIGHT = 100.0  # every reward component lies in -1..1: a larger weight only rescales what the clip range cuts
 
 
 class ConfigError(ValueError):
@@ -93,7 +100,8 @@ class DataConfig(_Strict):
         "entity of this type in its input (rewards.entities); rows without one are left out")
     drop_values: tuple[str, ...] = Field((), description="label-column values whose rows are dropped")
     dedupe: bool = Field(True, description="drop a row whose input repeats an earlier row's (the first is kept)")
-    max_chars: int = Field(2000, gt=0, description="longer texts are cut to this many characters")
+    max_chars: int = Field(2000, ge=1, le=MAX_INPUT_CHARS, description="longer texts are cut to this many characters "
+                           f"(at most {MAX_INPUT_CHARS:,}: about 25,000 tokens, past any target's context)")
 
     @field_validator("delimiter")
     @classmethod
@@ -105,12 +113,16 @@ class DataConfig(_Strict):
 
 
 class SplitConfig(_Strict):
-    seed: int = Field(13, description="seed of the data split (which examples are train, dev and test); the run's "
-                      "own seed is ppo.seed: a run with another seed must not see other test data")
+    seed: int = Field(13, ge=0, le=2**32 - 1, description="seed of the data split (which examples are train, dev "
+                      "and test), 0 to 2**32 - 1 as numpy takes it; the run's own seed is ppo.seed: a run with another "
+                      "seed must not see other test data")
     balanced: bool = Field(True, description="equal examples per label in each split (else label proportions)")
-    train: int = Field(200, ge=2, description="examples for calibration and tuning (never scored for promotion)")
-    dev: int = Field(200, ge=2, description="examples for the reward during tuning")
-    test: int = Field(400, ge=2, description="held-out examples, only for final figures and the promotion gate")
+    train: int = Field(200, ge=2, le=MAX_EXAMPLES, description="examples for calibration and tuning (never scored "
+                       f"for promotion); 2 to {MAX_EXAMPLES:,}, as every split")
+    dev: int = Field(200, ge=2, le=MAX_EXAMPLES, description="examples for the reward during tuning and the choice: "
+                     "every shortlisted candidate is scored on all of them")
+    test: int = Field(400, ge=2, le=MAX_EXAMPLES, description="held-out examples, only for final figures and the "
+                      "promotion gate")
 
 
 class TemplateConfig(_Strict):
@@ -119,9 +131,11 @@ class TemplateConfig(_Strict):
                                   "template the run starts from and every candidate is compared with")
     constraints: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="input placeholder -> checks its values must pass when rendered: "
-        "{max_chars: N}, {in: [...]}, {regex: '...'} (RE2 syntax, a full match)")
-    max_tokens: int = Field(192, gt=0, description="token budget of a whole template")
-    max_instruction_tokens: int = Field(48, gt=0, description="how many tokens the policy may write (its max new tokens)")
+        f"{{max_chars: N}} (N up to {MAX_INPUT_CHARS:,}), {{in: [...]}}, {{regex: '...'}} (RE2 syntax, a full match)")
+    max_tokens: int = Field(192, ge=1, le=8192, description="token budget of a whole template (at most 8,192, the "
+                            "embedded target's context)")
+    max_instruction_tokens: int = Field(48, ge=1, le=512, description="how many tokens the policy may write (its max "
+                                        "new tokens; at most 512, as an answer's)")
     chat_template: bool = Field(True, description="wrap the rendered prompt in the target model's chat template")
 
 
@@ -140,13 +154,14 @@ class RacingConfig(_Strict):
     """Racing a step's candidates (``pipelines/racing.py``): all on a first slice of the dev sample, the best on
     the rest."""
 
-    first_examples: int = Field(20, ge=0, description="dev examples every candidate of a step is measured on first "
-                                "(the first of its sample); 0: no racing, every candidate on the whole sample")
+    first_examples: int = Field(20, ge=0, le=MAX_EXAMPLES, description="dev examples every candidate of a step is "
+                                "measured on first (the first of its sample); 0: no racing, every candidate on the "
+                                "whole sample")
     screen: bool = Field(True, description="the first slice is a screen: the label log-probs and greedy answers "
                          "only (reward metric, instruction following, readability, length), no entity swaps, "
                          "perturbations or judge; the policy learns from that reward, which every sample has")
-    keep: int = Field(2, ge=1, description="candidates of a step measured on the rest of the sample (the best by "
-                      "reward on the slice); only they can enter the leaderboard")
+    keep: int = Field(2, ge=1, le=MAX_CANDIDATES, description="candidates of a step measured on the rest of the "
+                      "sample (the best by reward on the slice); only they can enter the leaderboard")
     second: Literal["full", "screen"] = Field(
         "full", description="what the second rung measures on the whole sample: full: every component (answers, "
         "entity swaps, perturbations, judge); screen: what the first rung does (with screen), on more examples, "
@@ -159,7 +174,7 @@ class RacingConfig(_Strict):
         return self.screen and self.second == "screen"
 
     first_tokens: int | None = Field(
-        1500, gt=0, description="input tokens the first slice may hold (at least 12 examples, or first_examples if "
+        1500, ge=1, le=MAX_SAMPLE_TOKENS, description="input tokens the first slice may hold (at least 12 examples, or first_examples if "
         "fewer): a task of long inputs, whose dev sample scoring.dev_tokens already shortened, races on fewer "
         "examples (risk's first 20 messages hold about 630 tokens, snippets' 1,450); null: no limit")
 
@@ -188,19 +203,23 @@ class ScoringConfig(_Strict):
         "swap", description="entity_consistency: swap: the decision stays the same when the input's entities (phone "
         "numbers, amounts, URLs, ...) are replaced by others of the same type",
     )
-    judge_examples: int = Field(8, ge=1, description="responses per candidate graded by the judge's response rubrics")
-    batch_size: int = Field(64, gt=0, description="examples per forward pass of the target, packed without padding")
-    calibration_examples: int = Field(120, ge=2, description="train examples used to fit the calibrated decision")
+    judge_examples: int = Field(8, ge=1, le=1000, description="responses per candidate graded by the judge's "
+                                "response rubrics (at most 1,000: each is a judge call per rubric and candidate)")
+    batch_size: int = Field(64, ge=1, le=4096, description="examples per forward pass of the target, packed without "
+                            "padding (at most 4,096: a larger batch only allocates more memory at once)")
+    calibration_examples: int = Field(120, ge=2, le=MAX_EXAMPLES,
+                                      description="train examples used to fit the calibrated decision")
     robustness_attacks: tuple[Literal["checklist", "stresstest"], ...] = Field(
         ("checklist", "stresstest"), description="PromptBench perturbations of the template, one variant each; "
         "robustness is the reward metric's drop rate (PDR) under them")
-    robustness_examples: int = Field(20, ge=2, description="dev examples scored per perturbed template")
+    robustness_examples: int = Field(20, ge=2, le=MAX_EXAMPLES, description="dev examples scored per perturbed "
+                                     "template")
     robustness_tokens: int | None = Field(
-        2000, gt=0, description="input tokens the robustness sample may hold (at least 10 examples, or "
+        2000, ge=1, le=MAX_SAMPLE_TOKENS, description="input tokens the robustness sample may hold (at least 10 examples, or "
         "robustness_examples if fewer): each PromptBench variant scores the whole sample again, so a task of long "
         "inputs perturbs fewer of them (risk's 20 messages hold about 630); null: no limit")
     entity_tokens: int | None = Field(
-        16000, gt=0, description="classification tasks: input tokens of the entity-bearing inputs that "
+        16000, ge=1, le=MAX_SAMPLE_TOKENS, description="classification tasks: input tokens of the entity-bearing inputs that "
         "entity_consistency swaps and scores again, per template and sample or split (the first ones, at least 24 "
         "inputs): a task of long inputs checks a sample of its test split rather than all of it; the rate's "
         "denominator says how many (the 219 of risk's 400 test messages that have entities hold about 11,200); "
@@ -213,10 +232,11 @@ class ScoringConfig(_Strict):
         "(on dev, a candidate picked on dev's first 100 examples won +0.070 over the seed, p 0.014, and +0.005 on "
         "test); dev: the former way")
     dev_tokens: int | None = Field(
-        7000, gt=0, description="input tokens a candidate's dev sample may hold (the selection sample: twice that): "
+        7000, ge=1, le=MAX_SAMPLE_TOKENS, description="input tokens a candidate's dev sample may hold (the selection sample: twice that): "
         "a task of long inputs reads fewer examples per reward, so a run's cost follows tokens (risk's 100 SMS "
         "messages hold about 3,600, snippets' 100 reviews 6,900); null: no limit")
-    min_dev_examples: int = Field(24, ge=2, description="the dev sample's size however long the inputs")
+    min_dev_examples: int = Field(24, ge=2, le=MAX_EXAMPLES,
+                                  description="the dev sample's size however long the inputs")
 
     @model_validator(mode="before")
     @classmethod
@@ -267,7 +287,8 @@ class JudgeConfig(_Strict):
         "scoring.judge_examples responses per candidate and the component is the mean P(yes)")
     template_rubrics: dict[str, str] = Field(
         default_factory=dict, description="component name -> a yes/no question about the template's own text")
-    max_errors: int = Field(5, ge=0, description="judge failures tolerated in one run before it stops")
+    max_errors: int = Field(5, ge=0, le=10_000, description="judge failures tolerated in one run before it stops "
+                            "(at most 10,000: past that, the judge is down)")
 
     @model_validator(mode="after")
     def _distinct(self) -> "JudgeConfig":
@@ -282,8 +303,11 @@ class JudgeConfig(_Strict):
 
 
 class RewardConfig(_Strict):
-    weights: dict[str, float] = Field(description="reward component -> weight in the total")
-    invalid_penalty: float = Field(-1.0, description="the total reward of an unusable candidate")
+    weights: dict[str, Annotated[float, Field(ge=-MAX_WEIGHT, le=MAX_WEIGHT)]] = Field(
+        description=f"reward component -> weight in the total, -{MAX_WEIGHT:g} to {MAX_WEIGHT:g}: every component "
+        "lies in -1..1, so a larger weight only rescales the reward that ppo.reward_clip_range then cuts")
+    invalid_penalty: float = Field(-1.0, ge=-MAX_WEIGHT, le=0, description="the total reward of an unusable "
+                                   f"candidate, -{MAX_WEIGHT:g} to 0: above 0 it would reward one")
 
     @field_validator("weights")
     @classmethod
@@ -297,13 +321,16 @@ class PromotionSettings(_Strict):
     """The promotion gate's bars (``templates.gate.PromotionConfig``; its metric is ``scoring.metric`` and its
     token budget ``template.max_tokens``). No task's thresholds are defaults: a task states its own."""
 
-    thresholds: dict[str, float] = Field(default_factory=dict,
-                                         description="reward component -> minimum on the held-out split")
+    thresholds: dict[str, Annotated[float, Field(ge=-1, le=1)]] = Field(
+        default_factory=dict, description="reward component -> minimum on the held-out split, -1 to 1: every "
+        "component lies there (a rate, a probability, a normalised metric or a penalty), so a bar outside it "
+        "could never be met or never fail")
     min_improvement: float = Field(0.01, ge=0, le=1,
                                    description="held-out metric gain over production needed to promote")
-    max_latency_p95_increase: float = Field(0.2, ge=0,
-                                            description="allowed p95 latency increase over production, a fraction")
-    max_render_us: float = Field(80.0, gt=0, description="p99 render time budget, microseconds")
+    max_latency_p95_increase: float = Field(0.2, ge=0, le=10, description="allowed p95 latency increase over "
+                                            "production, a fraction (at most 10: eleven times as slow is no bar)")
+    max_render_us: float = Field(80.0, gt=0, le=1_000_000, description="p99 render time budget, microseconds (at "
+                                 "most 1,000,000: a second)")
     max_error_rate: float = Field(0.02, ge=0, le=1, description="allowed fraction of failed target requests")
 
 
@@ -311,8 +338,9 @@ class SelectionConfig(_Strict):
     """How a run chooses what goes to the held-out test (``pipelines/choice.py``): the gate's own bars read on the
     dev split, with margins, and a paired test against the seed, which is always in the ranking."""
 
-    shortlist: int = Field(2, ge=1, description="candidates of the run (the best by step reward among those that "
-                           "met the bars in their step) evaluated on the whole dev split beside the seed")
+    shortlist: int = Field(2, ge=1, le=MAX_CANDIDATES, description="candidates of the run (the best by step reward "
+                           "among those that met the bars in their step) evaluated on the whole dev split beside the "
+                           f"seed (1 to {MAX_CANDIDATES}; the CLI's --finalists overrides it)")
     rate_margin: float = Field(
         0.03, ge=0, le=0.5, description="a rate (instruction_following, entity_consistency, readability) must clear "
         "its promotion threshold on dev by this much: dev and test are different samples (about +-0.03 at 200 and "
@@ -332,10 +360,13 @@ class SelectionConfig(_Strict):
 class GenerationConfig(_Strict):
     """How the policy writes candidates."""
 
-    candidates_per_step: int = Field(8, ge=2, description="instructions sampled per step (the PPO batch)")
+    candidates_per_step: int = Field(8, ge=2, le=MAX_CANDIDATES, description="instructions sampled per step (the "
+                                     f"PPO batch), 2 to {MAX_CANDIDATES}: each is scored on its sample every step; "
+                                     "the CLI's --candidates overrides it")
     # Measured on risk's meta-prompt (12 samples each): at temperature 1.0 the 135M policy writes mostly fluent
     # nonsense; at 0.7 with top_p 0.9 most samples are on-task sentences an analyst could read.
-    temperature: float = Field(0.7, gt=0, description="sampling temperature of the policy")
+    temperature: float = Field(0.7, gt=0, le=5, description="sampling temperature of the policy (at most 5: past 2 "
+                               "the samples are already noise)")
     top_p: float = Field(0.9, gt=0, le=1, description="nucleus sampling of the policy")
     meta_prompt: str = Field(
         "You write instructions for an AI assistant that classifies short texts.\n"
@@ -355,8 +386,8 @@ class PPOConfig(_Strict):
     passes to the learner (the loop: ``generation.candidates_per_step``).
     """
 
-    steps: int = Field(4, ge=1, description="steps of the loop (sample a group, score it, update the policy); the "
-                       "CLI's --steps overrides it")
+    steps: int = Field(4, ge=1, le=MAX_STEPS, description="steps of the loop (sample a group, score it, update the "
+                       f"policy), 1 to {MAX_STEPS:,} (a step takes minutes); the CLI's --steps overrides it")
     advantage_estimator: Literal[
         "gae", "reinforce", "rloo", "reinforce_baseline", "group_norm", "dr_grpo", "flash_reinforce"
     ] = Field("gae", description="openrlhf's advantage estimator; only gae trains a critic (the value head)")
@@ -364,27 +395,35 @@ class PPOConfig(_Strict):
     lambd: float = Field(0.95, ge=0, le=1, description="GAE lambda")
     # a clip range is [1 - eps, 1 + eps]: eps <= 0 would turn it around
     clip_eps: float = Field(0.2, gt=0, lt=1, description="PPO ratio clip range")
-    value_clip_eps: float | None = Field(0.2, gt=0, description="value clip range, or None for an unclipped value loss")
-    kl_coef: float = Field(0.02, ge=0, description="initial coefficient of the KL penalty in the reward")
-    kl_target: float | None = Field(None, gt=0, description="None: a fixed KL coefficient; else the adaptive target KL")
-    kl_horizon: int = Field(10000, ge=1, description="horizon of the adaptive KL controller, in samples")
+    value_clip_eps: float | None = Field(0.2, gt=0, le=100, description="value clip range (at most 100, past any "
+                                         "clipped reward), or None for an unclipped value loss")
+    kl_coef: float = Field(0.02, ge=0, le=100, description="initial coefficient of the KL penalty in the reward (at "
+                           "most 100: past that the penalty is all the reward)")
+    kl_target: float | None = Field(None, gt=0, le=100, description="None: a fixed KL coefficient; else the adaptive "
+                                    "target KL (at most 100 nats)")
+    kl_horizon: int = Field(10000, ge=1, le=10_000_000, description="horizon of the adaptive KL controller, in "
+                            "samples (at most 10,000,000: the controller would never move)")
     kl_estimator: Literal["k1", "k2", "k3"] = Field("k1", description="openrlhf's per-token estimate of the KL to "
                                                     "the reference policy: k1 the log-ratio, k2 and k3 lower-variance "
                                                     "approximations")
-    ppo_epochs: int = Field(2, ge=1, description="passes over each rollout batch")
-    minibatch_size: int = Field(4, ge=1, description="samples per optimizer step")
-    lr: float = Field(2e-4, gt=0, description="AdamW learning rate of the LoRA adapter")
-    critic_lr: float = Field(1e-3, gt=0, description="AdamW learning rate of the value head")
-    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping, per optimizer step")
-    lora_rank: int = Field(8, ge=1, description="rank of the policy's LoRA adapter")
-    lora_alpha: int = Field(16, ge=1, description="LoRA scaling: the adapter's update is multiplied by "
-                            "lora_alpha / lora_rank")
+    ppo_epochs: int = Field(2, ge=1, le=100, description="passes over each rollout batch (at most 100: more only "
+                            "overfits one batch)")
+    minibatch_size: int = Field(4, ge=1, le=MAX_CANDIDATES, description="samples per optimizer step (at most "
+                                f"{MAX_CANDIDATES}, a step's candidates)")
+    lr: float = Field(2e-4, gt=0, le=1, description="AdamW learning rate of the LoRA adapter (at most 1)")
+    critic_lr: float = Field(1e-3, gt=0, le=1, description="AdamW learning rate of the value head (at most 1)")
+    max_grad_norm: float = Field(1.0, gt=0, le=1000, description="gradient clipping, per optimizer step (at most "
+                                 "1,000: past that nothing is clipped)")
+    lora_rank: int = Field(8, ge=1, le=1024, description="rank of the policy's LoRA adapter (at most 1,024: past a "
+                           "layer's width, a full update)")
+    lora_alpha: int = Field(16, ge=1, le=4096, description="LoRA scaling: the adapter's update is multiplied by "
+                            "lora_alpha / lora_rank (at most 4,096)")
     lora_target_modules: tuple[str, ...] = Field(
         ("q_proj", "k_proj", "v_proj", "o_proj"), description="module names that get a LoRA adapter"
     )
-    reward_clip_range: tuple[float, float] = Field(
-        (-10.0, 10.0), description="(low, high) applied to the rewards before the KL penalty"
-    )
+    reward_clip_range: tuple[Annotated[float, Field(ge=-1000, le=1000)], Annotated[float, Field(ge=-1000, le=1000)]] = (
+        Field((-10.0, 10.0), description="(low, high) applied to the rewards before the KL penalty, each within "
+              "-1,000..1,000 (a reward is at most weights x components, 100 x a few)"))
     seed: int = Field(0, ge=0, le=2**32 - 1,
                       description="the run's seed: sampling, minibatch order, the cluster job's --train.seed")
 
@@ -749,18 +788,51 @@ def resolve_source(source: str, base_dir: Path) -> Path:
     return path if path.is_absolute() else base_dir / path
 
 
+class FlagSettings(_Strict):
+    """The settings that only command-line flags give (a run's ``RunOptions``, a served model's ``Endpoint``, the
+    drift check and the scheduler), with their bounds: each flag's argparse type reads its field here
+    (``pipelines.cli.setting``), as the flags that override a task file's settings read the task's fields."""
+
+    num_scorers: int = Field(2, ge=1, le=1024, description="Ray scoring actors (a run uses at most one per CPU; "
+                             "1,024 is a large cluster)")
+    dev_examples: int = Field(100, ge=0, le=MAX_EXAMPLES, description="dev examples per candidate reward; 0: all")
+    max_target_calls: int | None = Field(None, ge=1, le=10**12, description="budget: target calls (at most 10**12, "
+                                         "centuries of requests)")
+    max_tokens: int | None = Field(None, ge=1, le=10**15, description="budget: target and judge tokens")
+    max_concurrency: int = Field(4, ge=1, le=1024, description="requests in flight per scorer (each Ray scoring "
+                                 "actor holds one); at most 1,024 sockets")
+    timeout_s: float = Field(30.0, gt=0, le=3600, description="seconds per socket operation of one request (at most "
+                             "an hour)")
+    max_retries: int = Field(3, ge=0, le=20, description="retries after a timeout, a dropped connection, 429 or 5xx, "
+                             "with backoff; then the run stops, resumable (20 backoffs are already hours)")
+    top_logprobs: int = Field(20, ge=1, le=1000, description="alternatives asked for per position: OpenAI's limit, "
+                              "vLLM's default --max-logprobs (a server allows at most its vocabulary)")
+    min_metric: float | None = Field(None, ge=0, le=1, description="the drift check's bar for the held-out metric "
+                                     "(every metric is a fraction)")
+    max_drop: float = Field(0.05, ge=0, le=1, description="the drift check's allowed drop of the held-out metric "
+                            "(0.05: about the 95% interval of balanced accuracy on 400 balanced test examples)")
+    every_s: float | None = Field(None, ge=1, le=366 * 86400, description="the scheduler's interval in seconds (1 "
+                                  "to a year)")
+    max_ticks: int | None = Field(None, ge=1, le=1_000_000, description="ticks before the scheduler stops")
+    poll_s: float = Field(2.0, ge=0.1, le=3600, description="seconds between the scheduler's job status polls")
+
+
+def _flag_default(name: str):
+    return FlagSettings.model_fields[name].default
+
+
 @dataclass(frozen=True)
 class Endpoint:
     """A model served over an OpenAI-compatible API (vLLM, TGI, a gateway). The key is read from the
-    environment variable ``api_key_env``, never passed around."""
+    environment variable ``api_key_env``, never passed around. The numbers' bounds: ``FlagSettings``."""
 
     url: str
     model: str
     api_key_env: str = "TUNE_PROMPTS_API_KEY"
-    max_concurrency: int = 4  # requests in flight per scorer (each Ray scoring actor holds one)
-    timeout_s: float = 30.0  # per socket operation of one request
-    max_retries: int = 3  # after a timeout, a dropped connection, 429 or 5xx; then the run stops, resumable
-    top_logprobs: int = 20  # alternatives asked for per position: OpenAI's limit, vLLM's default --max-logprobs
+    max_concurrency: int = _flag_default("max_concurrency")  # requests in flight per scorer
+    timeout_s: float = _flag_default("timeout_s")  # per socket operation of one request
+    max_retries: int = _flag_default("max_retries")  # after a timeout, a dropped connection, 429 or 5xx
+    top_logprobs: int = _flag_default("top_logprobs")  # alternatives asked for per position
 
 
 ModelSource = str | Endpoint  # a model id, folder or EMBEDDED; or a served model
@@ -774,11 +846,11 @@ class RunOptions:
     policy_model: str = EMBEDDED
     target: ModelSource = EMBEDDED
     judge: ModelSource | None = None  # None: the target judges
-    num_scorers: int = 2  # Ray scoring actors (capped at the CPUs Ray has)
+    num_scorers: int = _flag_default("num_scorers")  # Ray scoring actors (capped at the CPUs Ray has)
     ray_address: str | None = None
     run_dir: str = "runs/latest"
     finalists: int | None = None  # candidates evaluated on dev beside the seed; None: the task's selection.shortlist
-    dev_examples: int | None = 100  # dev examples in each candidate's reward (None: the whole dev split)
+    dev_examples: int | None = _flag_default("dev_examples")  # dev examples per reward (None: the whole split)
     wandb_mode: str = "offline"
     wandb_project: str = "tune-prompts"
     wandb_entity: str | None = None

@@ -23,10 +23,10 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Mapping
 
-from pipelines.config import TaskConfig
+from pipelines.config import FlagSettings, TaskConfig
 from templates.store import StoreError, TemplateStore, Version
 
-DEFAULT_MAX_DROP = 0.05  # about the 95% interval of balanced accuracy on 400 balanced test examples
+DEFAULT_MAX_DROP = FlagSettings.model_fields["max_drop"].default
 
 
 @dataclass(frozen=True)

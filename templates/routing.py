@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 BUCKETS = 10_000
 DEFAULT_RAMP = (0.05, 0.20, 1.0)
+MAX_RAMP_STEPS = 20  # an operator advances each step by hand: more steps than this are a mistake, not a plan
 
 
 def bucket(task: str, key: str) -> int:
@@ -40,8 +41,11 @@ class Canary:
     def __post_init__(self) -> None:
         object.__setattr__(self, "ramp", tuple(float(step) for step in self.ramp))
         if not (isinstance(self.share, (int, float)) and 0 <= self.share <= 1):
-            raise ValueError(f"canary share {self.share!r} must be a fraction between 0 and 1, e.g. 0.05")
+            raise ValueError(f"canary share {str(self.share)[:20]} must be a fraction between 0 and 1, e.g. 0.05")
         steps = self.ramp
+        if len(steps) > MAX_RAMP_STEPS:
+            raise ValueError(f"canary ramp has {len(steps)} steps, more than {MAX_RAMP_STEPS}; give fewer, "
+                             "e.g. [0.05, 0.2, 1.0]")
         if not steps or any(not math.isfinite(s) or not 0 < s <= 1 for s in steps) or list(steps) != sorted(set(steps)):
             raise ValueError(f"canary ramp {list(steps)} must be increasing fractions in (0, 1], e.g. [0.05, 0.2, 1.0]")
 

@@ -87,8 +87,9 @@ class Constraint:
                     "in RE2 syntax (no backreferences or lookaround, repetition counts up to 1000)"
                 ) from None
         elif self.op == "max_chars":
-            if not isinstance(self.arg, int) or isinstance(self.arg, bool) or self.arg < 0:
-                raise TemplateError(f"constraint on {self.variable!r}: 'max_chars' needs a non-negative integer")
+            if not isinstance(self.arg, int) or isinstance(self.arg, bool) or not 0 <= self.arg <= MAX_INPUT_CHARS:
+                raise TemplateError(f"constraint on {short(self.variable, 40)}: 'max_chars' needs a whole number "
+                                    f"from 0 to {MAX_INPUT_CHARS:,}")
 
     def violation(self, value: str) -> str | None:
         """The reason ``value`` breaks this constraint, or None when it holds."""
