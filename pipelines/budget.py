@@ -94,11 +94,24 @@ class Plan:
     def affords(self, budget: Budget, spent: dict[str, Usage], more_steps: int) -> str | None:
         """None when ``spent`` plus ``more_steps`` steps plus the ending fits ``budget``; else why not."""
         after = dict(spent)
-        extra = [self.ending()] + [self.phases.get("steps", {})] * more_steps
-        for part in extra:
+        step = {role: Usage(u.calls * more_steps, u.prompt_tokens * more_steps, u.completion_tokens * more_steps)
+                for role, u in self.phases.get("steps", {}).items()}
+        for part in (self.ending(), step):
             for role, usage in part.items():
                 after[role] = after.get(role, Usage()) + usage
         return budget.over(after)
+
+    def affordable_steps(self, budget: Budget) -> int | None:
+        """The most of the plan's steps that ``budget`` pays for after the seed, with the ending (a bisection:
+        a step never costs less than nothing); None when it cannot pay for the seed and the ending."""
+        seed = self.phases.get("seed", {})
+        if self.affords(budget, seed, 0):
+            return None
+        low, high = 0, self.steps  # low is affordable
+        while low < high:
+            middle = (low + high + 1) // 2
+            low, high = (middle, high) if not self.affords(budget, seed, middle) else (low, middle - 1)
+        return low
 
     def rows(self) -> list[dict]:
         """One row per phase and role, and the totals, for a table."""

@@ -452,14 +452,14 @@ def print_estimate(task: TaskConfig, options: RunOptions, *, json_output: bool) 
     plan = estimate(task, options, splits, scoring_tokenizer(options.target))
     budget = Budget(options.max_target_calls, options.max_tokens)
     smallest = plan.affords(budget, plan.phases.get("seed", {}), 0) if budget else None
-    fits = [n for n in range(options.steps, -1, -1) if not plan.affords(budget, plan.phases.get("seed", {}), n)]
+    affordable = plan.affordable_steps(budget)
     seconds = None
     if not isinstance(options.target, Endpoint) and not isinstance(options.judge, Endpoint):
         # a local run's wall time: this machine's scoring rate, timed now on the seed (a few seconds)
         timing = Timing.scaled(calibrate(task, splits, options.target), min(options.num_scorers, os.cpu_count() or 1))
         seconds = local_seconds(plan, timing, task.generation.candidates_per_step)
     if json_output:
-        print(json.dumps({**plan.as_dict(), "budget_steps": fits[0] if fits else None,
+        print(json.dumps({**plan.as_dict(), "budget_steps": affordable,
                           "seconds": seconds and {k: round(v, 1) for k, v in seconds.items()}}, indent=2))
         return 0
     where = {"target": options.target, "judge": options.judge or options.target, "policy": options.policy_model}
@@ -482,7 +482,7 @@ def print_estimate(task: TaskConfig, options: RunOptions, *, json_output: bool) 
         if smallest:
             print(f"the budget cannot pay for the seed and the final test: {smallest}")
         else:
-            print(f"the budget pays for {fits[0]} of the {options.steps} steps, the seed and the final test")
+            print(f"the budget pays for {affordable} of the {options.steps} steps, the seed and the final test")
     return 0
 
 

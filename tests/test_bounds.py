@@ -1,8 +1,8 @@
 """Every number a user gives has a range someone could mean (issue #41): each numeric setting of the task schema
 is refused at load outside its Field's bounds, each numeric flag is refused by argparse with the same bounds (its
-type reads the Field).
+type reads the Field), and the estimate of a large but allowed run is arithmetic, not a loop over its steps.
 
-Fast: no model is loaded.
+Fast: no model is loaded (the estimate test loads the embedded tokenizer only).
 """
 
 import math
@@ -15,7 +15,11 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 import pipelines.cli as cli
-from pipelines.config import ConfigError, FlagSettings, RunOptions, TaskConfig, load_task
+from pipelines.budget import Budget, Plan, estimate, scoring_tokenizer
+from pipelines.config import (MAX_CANDIDATES, MAX_STEPS, ConfigError, FlagSettings, RunOptions, TaskConfig,
+                              load_task)
+from pipelines.data import load_examples, split_examples
+from pipelines.engine.usage import Usage
 
 FEW = settings(max_examples=12, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -190,3 +194,29 @@ def test_flag_defaults_lie_inside_their_bounds():
     FlagSettings()  # validates its own defaults
     options = RunOptions()
     assert (options.num_scorers, options.dev_examples) == (FlagSettings().num_scorers, FlagSettings().dev_examples)
+
+
+# --- the estimate of a large run -------------------------------------------------------------------------------
+
+def test_the_budget_steps_are_found_without_a_loop_over_the_steps():
+    plan = Plan(steps=MAX_STEPS, phases={"seed": {"target": Usage(10, 100, 0)}, "steps": {"target": Usage(7, 70, 0)},
+                                         "select": {"target": Usage(20, 200, 0)}, "test": {"target": Usage(30, 300, 0)}})
+    ending = 10 + 20 + 30
+    assert plan.affordable_steps(Budget()) == MAX_STEPS
+    assert plan.affordable_steps(Budget(max_target_calls=ending + 7 * 1234 + 6)) == 1234
+    assert plan.affordable_steps(Budget(max_target_calls=ending - 1)) is None
+    assert plan.affordable_steps(Budget(max_target_calls=10**12)) == MAX_STEPS
+    assert plan.total()["target"].calls == ending + 7 * MAX_STEPS
+
+
+def test_an_estimate_at_the_largest_steps_and_candidates_is_arithmetic():
+    task = load_task("tests/data/risk_small.yaml").with_overrides(**{"generation.candidates_per_step": MAX_CANDIDATES})
+    options = RunOptions(steps=MAX_STEPS)
+    splits = split_examples(task, load_examples(task))
+    plan = estimate(task, options, splits, scoring_tokenizer(options.target))
+    step = plan.phases["steps"]
+    assert step["policy"].calls == MAX_CANDIDATES
+    assert plan.total()["policy"].calls == MAX_STEPS * MAX_CANDIDATES
+    assert plan.affordable_steps(Budget(max_target_calls=10**12)) == MAX_STEPS
+    rows = plan.rows()
+    assert rows[-1]["phase"] == "total" and rows[0]["phase"] == "seed"
