@@ -35,8 +35,8 @@ from typing import Sequence
 
 from pipelines import cli_store, config
 from pipelines.budget import BudgetError
-from pipelines.config import (ConfigError, Endpoint, ModelSource, RunOptions, TaskConfig, builtin_tasks, load_task,
-                              load_yaml_mapping)
+from pipelines.config import (ENDPOINT_LIMITS, ConfigError, Endpoint, ModelSource, RunOptions, TaskConfig,
+                              builtin_tasks, load_task, load_yaml_mapping)
 from pipelines.data import DataError, load_examples, split_examples
 from pipelines.drift import DEFAULT_MAX_DROP
 from pipelines.engine.endpoints import EndpointError
@@ -318,11 +318,22 @@ def add_model_flags(p: argparse.ArgumentParser, *, command: bool) -> None:
                    f"holding the API key, never the key (default {served.api_key_env})")
     g.add_argument("--max-concurrency", type=whole_number(1), default=default(served.max_concurrency),
                    help=f"requests in flight per scoring actor (default {served.max_concurrency})")
-    g.add_argument("--request-timeout", type=positive_seconds, default=default(served.timeout_s),
-                   help=f"seconds one request may take (default {served.timeout_s:g})")
-    g.add_argument("--max-retries", type=whole_number(0), default=default(served.max_retries),
+    g.add_argument("--request-timeout", type=seconds_within(*ENDPOINT_LIMITS["timeout_s"]),
+                   default=default(served.timeout_s), help="seconds one try of a request may take, all of it: "
+                   f"connect, send, first byte and whole body (default {served.timeout_s:g})")
+    g.add_argument("--request-deadline", type=seconds_within(*ENDPOINT_LIMITS["deadline_s"]),
+                   default=default(served.deadline_s), help="seconds one request may take in all, its retries, "
+                   f"backoffs and Retry-After waits included (default {served.deadline_s:g})")
+    g.add_argument("--max-retries", type=whole_number(*map(int, ENDPOINT_LIMITS["max_retries"])),
+                   default=default(served.max_retries),
                    help=f"retries after a timeout, a dropped connection, 429 or 5xx, with backoff (default "
                    f"{served.max_retries}); then the command stops (a tuning run: --resume continues it)")
+    g.add_argument("--max-retry-after", type=seconds_within(*ENDPOINT_LIMITS["max_retry_after_s"]),
+                   default=default(served.max_retry_after_s), help="the longest wait a 429's or 503's Retry-After "
+                   f"is honoured for (default {served.max_retry_after_s:g})")
+    g.add_argument("--breaker-failures", type=whole_number(*map(int, ENDPOINT_LIMITS["breaker_failures"])),
+                   default=default(served.breaker_failures), help="failed tries in a row after which every request "
+                   f"to that server fails at once, for one deadline (default {served.breaker_failures})")
     g.add_argument("--top-logprobs", type=whole_number(1), default=default(served.top_logprobs),
                    help=f"alternatives per position to read labels from (default {served.top_logprobs}, OpenAI's "
                    "limit; a vLLM server started with a higher --max-logprobs allows more, and fewer labels get floored)")
@@ -337,7 +348,9 @@ def model_sources(args) -> tuple[ModelSource, ModelSource | None]:
                           "(GET URL/models lists them)")
     def served(url: str, model: str) -> Endpoint:
         return Endpoint(url, model, args.api_key_env, max_concurrency=args.max_concurrency,
-                        timeout_s=args.request_timeout, max_retries=args.max_retries, top_logprobs=args.top_logprobs)
+                        timeout_s=args.request_timeout, max_retries=args.max_retries, top_logprobs=args.top_logprobs,
+                        deadline_s=args.request_deadline, max_retry_after_s=args.max_retry_after,
+                        breaker_failures=args.breaker_failures)
 
     target = served(args.target_url, args.target_model) if args.target_url else args.model
     if args.judge_url:
@@ -692,14 +705,17 @@ def whole_number(low: int, high: int | None = None):
     return parse
 
 
-def positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number of seconds") from None
-    if not 0 < value <= 3600:
-        raise argparse.ArgumentTypeError(f"{value} is out of range: give more than 0 and at most 3600 seconds")
-    return value
+def seconds_within(low: float, high: float):
+    """An argparse type: a number of seconds from ``low`` to ``high``."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number of seconds") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is out of range: give {low:g} to {high:g} seconds")
+        return value
+    return parse
 
 
 example_count = whole_number(1, MAX_RENDER_EXAMPLES)  # render's -n

@@ -686,18 +686,41 @@ def resolve_source(source: str, base_dir: Path) -> Path:
     return path if path.is_absolute() else base_dir / path
 
 
+# Bounds on how long a served model may make a command wait: (lowest, highest) of each Endpoint field. A
+# timeout of 0 or a day, or 1000 retries, is a typo that would hang a run, not a setting anyone wants.
+ENDPOINT_LIMITS: dict[str, tuple[float, float]] = {
+    "timeout_s": (0.1, 600),  # one try of a request: connect, send, first byte and whole body
+    "deadline_s": (0.1, 3600),  # one request: its tries, backoffs and Retry-After waits
+    "max_retries": (0, 10),
+    "max_retry_after_s": (0, 600),  # the longest Retry-After honoured
+    "breaker_failures": (1, 1000),  # failed tries in a row before the circuit opens
+    "max_concurrency": (1, 256),
+    "top_logprobs": (1, 1000),
+}
+
+
 @dataclass(frozen=True)
 class Endpoint:
     """A model served over an OpenAI-compatible API (vLLM, TGI, a gateway). The key is read from the
-    environment variable ``api_key_env``, never passed around."""
+    environment variable ``api_key_env``, never passed around. Every wait is bounded (``ENDPOINT_LIMITS``):
+    a request ends within ``deadline_s`` however the server behaves (pipelines/engine/endpoints.py)."""
 
     url: str
     model: str
     api_key_env: str = "TUNE_PROMPTS_API_KEY"
     max_concurrency: int = 4  # requests in flight per scorer (each Ray scoring actor holds one)
-    timeout_s: float = 30.0  # per socket operation of one request
+    timeout_s: float = 30.0  # one try of a request, all of it: connect, send, first byte, whole body
     max_retries: int = 3  # after a timeout, a dropped connection, 429 or 5xx; then the run stops, resumable
     top_logprobs: int = 20  # alternatives asked for per position: OpenAI's limit, vLLM's default --max-logprobs
+    deadline_s: float = 60.0  # one request in all: tries, backoffs and waits
+    max_retry_after_s: float = 10.0  # a 429's or 503's Retry-After is honoured up to this
+    breaker_failures: int = 8  # failed tries in a row (any request) before every request fails at once
+
+    def __post_init__(self) -> None:
+        for name, (low, high) in ENDPOINT_LIMITS.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+                raise ConfigError(f"endpoint {name}={value!r} is out of range: give {low:g} to {high:g}")
 
 
 ModelSource = str | Endpoint  # a model id, folder or EMBEDDED; or a served model
