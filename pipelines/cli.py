@@ -325,10 +325,20 @@ def add_model_flags(p: argparse.ArgumentParser, *, command: bool) -> None:
                    default=default(served.max_concurrency),
                    help=f"requests in flight per scoring actor (default {served.max_concurrency})")
     g.add_argument("--request-timeout", type=setting(FlagSettings, "timeout_s"), default=default(served.timeout_s),
-                   help=f"seconds one request may take (default {served.timeout_s:g})")
+                   help="seconds one try of a request may take, all of it: connect, send, first byte and whole body "
+                   f"(default {served.timeout_s:g})")
+    g.add_argument("--request-deadline", type=setting(FlagSettings, "deadline_s"), default=default(served.deadline_s),
+                   help="seconds one request may take in all, its retries, backoffs and Retry-After waits included "
+                   f"(default {served.deadline_s:g})")
     g.add_argument("--max-retries", type=setting(FlagSettings, "max_retries"), default=default(served.max_retries),
                    help=f"retries after a timeout, a dropped connection, 429 or 5xx, with backoff (default "
                    f"{served.max_retries}); then the command stops (a tuning run: --resume continues it)")
+    g.add_argument("--max-retry-after", type=setting(FlagSettings, "max_retry_after_s"),
+                   default=default(served.max_retry_after_s), help="the longest wait a 429's or 503's Retry-After "
+                   f"is honoured for (default {served.max_retry_after_s:g})")
+    g.add_argument("--breaker-failures", type=setting(FlagSettings, "breaker_failures"),
+                   default=default(served.breaker_failures), help="failed tries in a row after which every request "
+                   f"to that server fails at once, for one deadline (default {served.breaker_failures})")
     g.add_argument("--top-logprobs", type=setting(FlagSettings, "top_logprobs"), default=default(served.top_logprobs),
                    help=f"alternatives per position to read labels from (default {served.top_logprobs}, OpenAI's "
                    "limit; a vLLM server started with a higher --max-logprobs allows more, and fewer labels get floored)")
@@ -343,7 +353,9 @@ def model_sources(args) -> tuple[ModelSource, ModelSource | None]:
                           "(GET URL/models lists them)")
     def served(url: str, model: str) -> Endpoint:
         return Endpoint(url, model, args.api_key_env, max_concurrency=args.max_concurrency,
-                        timeout_s=args.request_timeout, max_retries=args.max_retries, top_logprobs=args.top_logprobs)
+                        timeout_s=args.request_timeout, max_retries=args.max_retries, top_logprobs=args.top_logprobs,
+                        deadline_s=args.request_deadline, max_retry_after_s=args.max_retry_after,
+                        breaker_failures=args.breaker_failures)
 
     target = served(args.target_url, args.target_model) if args.target_url else args.model
     if args.judge_url:

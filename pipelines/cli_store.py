@@ -10,6 +10,7 @@
     tune-prompts store route TASK --key user-17     which template this caller gets
     tune-prompts store route TASK --canary VERSION [--share 0.05] [--ramp 0.05,0.2,1]
     tune-prompts store route TASK --advance | --end
+    tune-prompts store doctor                       every stored row that breaks its schema (exit 2 if any)
 
 VERSION is a version id or TASK@LABEL (``risk@production``). Every command takes ``--store URL``
 (default ``$TUNE_PROMPTS_HOME/store.sqlite``) and ``--json``. Errors print one line to stderr
@@ -128,6 +129,16 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--ramp", type=_ramp, help=f"canary ramp with --canary, up to {MAX_RAMP_STEPS} increasing fractions, "
                    f"e.g. 0.05,0.5,1 (default: {','.join(f'{step:g}' for step in DEFAULT_RAMP)})")
     p.set_defaults(store_handler=_route)
+
+    p = commands.add_parser(
+        "doctor", parents=[common], help="list every damaged row (exit 0 when there is none, 2 otherwise)",
+        formatter_class=raw,
+        description="Read every version and label move and list each one that breaks its own schema, by table, id\n"
+        "and field: a score that is not a finite number, a time that is not ISO 8601, control characters in a\n"
+        "name, a record that does not decode. Such rows were written outside tune-prompts or damaged on disk;\n"
+        "predict refuses to serve a damaged version. Exit 0 when every row is sound, 2 when any is damaged.",
+        epilog="examples:\n  tune-prompts store doctor\n  tune-prompts store doctor --store sqlite:///backup.sqlite --json")
+    p.set_defaults(store_handler=_doctor)
     return parser
 
 
@@ -135,12 +146,11 @@ def run(args: argparse.Namespace) -> int:
     """Run a parsed ``store`` command; 0 on success, 2 on an error (printed to stderr)."""
     try:
         with TemplateStore(args.store or default_store_url(), create=False) as store:
-            args.store_handler(store, args)
+            return args.store_handler(store, args) or 0
     except StoreError as exc:
         message = _escaped(str(exc))
         print(f"error: {message if len(message) <= 500 else message[:497] + '...'}", file=sys.stderr)
         return 2
-    return 0
 
 
 def _ramp(text: str) -> tuple[float, ...]:
@@ -232,7 +242,8 @@ def _list(store: TemplateStore, args: argparse.Namespace) -> None:
         [{**v.to_dict(), "labels": by_version.get(v.id, [])} for v in versions],
         _table(
             ["ID", "HASH", "PARENT", "RUN", "GATE", "LABELS", "CREATED", "TEST SCORES"],
-            [[v.id, v.content_hash, v.parent_id, v.run_id, _gate(v), ",".join(by_version.get(v.id, [])) or None,
+            [[f"{v.id} {_damage_mark(v)}" if v.damage else v.id, v.content_hash, v.parent_id, v.run_id, _gate(v),
+              ",".join(by_version.get(v.id, [])) or None,
               v.created_at[:19], _figures(v.scores.get("test", {})) or None] for v in versions],
         ),
     )
@@ -255,10 +266,29 @@ def _show(store: TemplateStore, args: argparse.Namespace) -> None:
         ("latency", _figures(v.latency) or "-"),
         ("gate", _gate(v)),
     ]
+    if v.damage:
+        fields.insert(0, ("DAMAGED", f"{'; '.join(v.damage)} (predict refuses it; `tune-prompts store doctor` lists "
+                                     "every damaged row)"))
     lines = [f"{name:<13}{_escaped(str(value))}" for name, value in fields]
     lines += [f"  {_escaped(reason)}" for reason in (v.decision.reasons if v.decision else ())]
     lines += ["template:", *[f"  {line}" for line in v.template.text.splitlines()]]
     _print(args, {**v.to_dict(), "labels": labels}, "\n".join(lines))
+
+
+def _damage_mark(version: Version) -> str:
+    """What a damaged version's ID cell adds: the fields that break its schema."""
+    return "DAMAGED(" + ",".join(d.partition(":")[0] for d in version.damage) + ")"
+
+
+def _doctor(store: TemplateStore, args: argparse.Namespace) -> int:
+    rows = store.check_rows()
+    found = [{"table": table, "id": row_id, "problem": problem} for table, row_id, problem in rows]
+    _print(args, {"damaged": found},
+           _table(["TABLE", "ID", "FIELD: PROBLEM"], [[r["table"], r["id"], r["problem"]] for r in found])
+           + f"\n{len(found)} damaged field(s) in {len({(r['table'], r['id']) for r in found})} row(s): the rows were "
+           "written outside tune-prompts or damaged on disk; restore the store from a backup"
+           if found else "every row is sound")
+    return 2 if found else 0
 
 
 def _decision_text(rule) -> str:

@@ -7,6 +7,7 @@ Unknown keys are rejected and every validation error names the field and the fix
 from __future__ import annotations
 
 import importlib.util
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -799,12 +800,18 @@ class FlagSettings(_Strict):
     max_target_calls: int | None = Field(None, ge=1, le=10**12, description="budget: target calls (at most 10**12, "
                                          "centuries of requests)")
     max_tokens: int | None = Field(None, ge=1, le=10**15, description="budget: target and judge tokens")
-    max_concurrency: int = Field(4, ge=1, le=1024, description="requests in flight per scorer (each Ray scoring "
-                                 "actor holds one); at most 1,024 sockets")
-    timeout_s: float = Field(30.0, gt=0, le=3600, description="seconds per socket operation of one request (at most "
-                             "an hour)")
-    max_retries: int = Field(3, ge=0, le=20, description="retries after a timeout, a dropped connection, 429 or 5xx, "
-                             "with backoff; then the run stops, resumable (20 backoffs are already hours)")
+    max_concurrency: int = Field(4, ge=1, le=256, description="requests in flight per scorer (each Ray scoring "
+                                 "actor holds one)")
+    timeout_s: float = Field(30.0, ge=0.1, le=600, description="seconds one try of a request may take, all of it: "
+                             "connect, send, first byte and whole body (a trickling server cannot stretch it)")
+    deadline_s: float = Field(60.0, ge=0.1, le=3600, description="seconds one request may take in all: its tries, "
+                              "backoffs and Retry-After waits")
+    max_retries: int = Field(3, ge=0, le=10, description="retries after a timeout, a dropped connection, 429 or 5xx, "
+                             "with backoff, inside the deadline; then the run stops, resumable")
+    max_retry_after_s: float = Field(10.0, ge=0, le=600, description="the longest Retry-After of a 429 or 503 "
+                                     "that is honoured")
+    breaker_failures: int = Field(8, ge=1, le=1000, description="failed tries in a row (any request) after which "
+                                  "every request to that server fails at once")
     top_logprobs: int = Field(20, ge=1, le=1000, description="alternatives asked for per position: OpenAI's limit, "
                               "vLLM's default --max-logprobs (a server allows at most its vocabulary)")
     min_metric: float | None = Field(None, ge=0, le=1, description="the drift check's bar for the held-out metric "
@@ -821,18 +828,43 @@ def _flag_default(name: str):
     return FlagSettings.model_fields[name].default
 
 
+def bounds_of(model: type[BaseModel], name: str) -> tuple[float, float]:
+    """(lowest, highest) that ``model``'s field ``name`` accepts, from its Field's ge/gt/le."""
+    low, high = -math.inf, math.inf
+    for bound in model.model_fields[name].metadata:
+        low = getattr(bound, "ge", getattr(bound, "gt", low))
+        high = getattr(bound, "le", high)
+    return low, high
+
+
+# the Endpoint fields FlagSettings bounds (a served model's waits, retries and concurrency)
+ENDPOINT_FIELDS = ("max_concurrency", "timeout_s", "deadline_s", "max_retries", "max_retry_after_s",
+                   "breaker_failures", "top_logprobs")
+
+
 @dataclass(frozen=True)
 class Endpoint:
     """A model served over an OpenAI-compatible API (vLLM, TGI, a gateway). The key is read from the
-    environment variable ``api_key_env``, never passed around. The numbers' bounds: ``FlagSettings``."""
+    environment variable ``api_key_env``, never passed around. Every wait is bounded (``FlagSettings`` holds the
+    bounds): a request ends within ``deadline_s`` however the server behaves (pipelines/engine/endpoints.py)."""
 
     url: str
     model: str
     api_key_env: str = "TUNE_PROMPTS_API_KEY"
     max_concurrency: int = _flag_default("max_concurrency")  # requests in flight per scorer
-    timeout_s: float = _flag_default("timeout_s")  # per socket operation of one request
+    timeout_s: float = _flag_default("timeout_s")  # one try of a request, all of it
     max_retries: int = _flag_default("max_retries")  # after a timeout, a dropped connection, 429 or 5xx
     top_logprobs: int = _flag_default("top_logprobs")  # alternatives asked for per position
+    deadline_s: float = _flag_default("deadline_s")  # one request in all: tries, backoffs and waits
+    max_retry_after_s: float = _flag_default("max_retry_after_s")  # a Retry-After is honoured up to this
+    breaker_failures: int = _flag_default("breaker_failures")  # failed tries in a row before failing at once
+
+    def __post_init__(self) -> None:
+        for name in ENDPOINT_FIELDS:
+            value = getattr(self, name)
+            low, high = bounds_of(FlagSettings, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+                raise ConfigError(f"endpoint {name}={value!r} is out of range: give {low:g} to {high:g}")
 
 
 ModelSource = str | Endpoint  # a model id, folder or EMBEDDED; or a served model

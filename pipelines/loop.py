@@ -310,7 +310,7 @@ def check_sources(options: RunOptions, log) -> None:
         elif isinstance(source, Endpoint):
             try:
                 scorer = EndpointLabelScorer(source.url, source.model, ["yes", "no"], api_key_env=source.api_key_env,
-                                             timeout_s=source.timeout_s)
+                                             timeout_s=source.timeout_s, deadline_s=source.deadline_s)
             except ValueError as exc:  # a URL without http://, no model name
                 raise ConfigError(f"--{role}-url: {exc}") from None
             scorer.check()

@@ -56,7 +56,8 @@ class ScoringWorker:
         from pipelines.scoring import build_scorer
 
         torch.set_num_threads(threads)
-        self.scorer = build_scorer(task, splits, target, judge, reward_examples=reward_examples)
+        # In the loop a server's malformed answer is data (an answer naming no label), not the end of the run.
+        self.scorer = build_scorer(task, splits, target, judge, reward_examples=reward_examples, bad_responses="count")
 
     def measure(self, texts: list[str], whole_dev: bool, examples: int | None = None, screen: bool = False):
         return self.scorer.measure(texts, whole_dev=whole_dev, examples=examples, screen=screen)

@@ -136,22 +136,27 @@ class Responses:
 
 
 def build_scorer(task: TaskConfig, splits: Splits, target: ModelSource | LoadedLM,
-                 judge: ModelSource | LoadedLM | None = None, *, reward_examples: int | None = None) -> "CandidateScorer":
+                 judge: ModelSource | LoadedLM | None = None, *, reward_examples: int | None = None,
+                 bad_responses: str = "raise") -> "CandidateScorer":
     """A ``CandidateScorer`` for ``task``: the one place that turns model sources into label scorers.
 
     ``target`` and ``judge``: a model id or folder (or ``EMBEDDED``), loaded here; a model already loaded; or an
     ``Endpoint``, checked with ``GET /models`` before anything is scored. ``judge=None`` means the target model
     judges; when its answer words are the judge's (yes/no), both share one scorer and its pair cache.
     ``reward_examples``: how many dev examples (the first ones) ``measure`` scores; None: all of them.
+    ``bad_responses``: what a served model's response that breaks the API's contract does: ``"raise"`` (eval,
+    check: the command stops, exit 2) or ``"count"`` (the tuning loop: it counts as an answer naming no label).
     """
     target_model = _load(target)
     batch = task.scoring.batch_size
-    target_scorer = label_scorer(target_model, scorer_words(task), chat_template=task.template.chat_template, batch_size=batch)
+    target_scorer = label_scorer(target_model, scorer_words(task), chat_template=task.template.chat_template,
+                                 batch_size=batch, bad_responses=bad_responses)
     judge_model = target_model if judge is None or judge == target else _load(judge)
     if judge_model is target_model and scorer_words(task) == list(JUDGE_VERBALIZERS):
         judge_scorer = target_scorer
     else:
-        judge_scorer = label_scorer(judge_model, list(JUDGE_VERBALIZERS), chat_template=True, batch_size=batch)
+        judge_scorer = label_scorer(judge_model, list(JUDGE_VERBALIZERS), chat_template=True, batch_size=batch,
+                                    bad_responses=bad_responses)
     # A server owns an endpoint's model: template tokens are counted with the embedded model's tokenizer.
     tokenizer = target_model.tokenizer if isinstance(target_model, LoadedLM) else load_tokenizer()
     return CandidateScorer(task, splits, target_scorer, judge_scorer, tokenizer, reward_examples=reward_examples,
@@ -173,9 +178,11 @@ def _load(source: ModelSource | LoadedLM) -> LoadedLM | Endpoint:
     return load_causal_lm(source) if isinstance(source, str) else source
 
 
-def label_scorer(source: ModelSource | LoadedLM, verbalizers: Sequence[str], *, chat_template: bool, batch_size: int = 64):
+def label_scorer(source: ModelSource | LoadedLM, verbalizers: Sequence[str], *, chat_template: bool, batch_size: int = 64,
+                 bad_responses: str = "raise"):
     """A label scorer answering with ``verbalizers``: in-process for a model (loaded here if it is a name), or
-    through an OpenAI-compatible server for an ``Endpoint`` (checked with ``GET /models`` first)."""
+    through an OpenAI-compatible server for an ``Endpoint`` (checked with ``GET /models`` first; ``bad_responses``
+    as ``build_scorer`` takes it)."""
     from pipelines.engine.endpoints import make_label_scorer
 
     model = _load(source)
@@ -183,7 +190,9 @@ def label_scorer(source: ModelSource | LoadedLM, verbalizers: Sequence[str], *, 
         scorer = make_label_scorer(model.url, verbalizers, model=model.model, chat_template=chat_template,
                                    api_key_env=model.api_key_env, max_concurrency=model.max_concurrency,
                                    timeout_s=model.timeout_s, max_retries=model.max_retries,
-                                   top_logprobs=model.top_logprobs)
+                                   top_logprobs=model.top_logprobs, deadline_s=model.deadline_s,
+                                   max_retry_after_s=model.max_retry_after_s,
+                                   breaker_failures=model.breaker_failures, bad_responses=bad_responses)
         scorer.check()  # the server answers and serves the model, before any work starts
         return scorer
     return make_label_scorer(model, list(verbalizers), chat_template=chat_template, batch_size=batch_size)

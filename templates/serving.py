@@ -82,6 +82,7 @@ class TemplateReader:
         self._next_check_s = 0.0  # monotonic time of the next check for label moves
         self._seen_seq: int | None = None  # the newest label move applied to the caches
         self._compiled: dict[int, Template] = {}  # version id -> template; never stale
+        self._damage: dict[int, tuple[str, ...]] = {}  # version id -> what breaks its row's schema; never stale
         self._label_ids: dict[tuple[str, str], int] = {}  # (task, label) -> version id; updated on a move
         self._canaries: dict[str, Canary] = {}  # task -> canary or _NO_CANARY; dropped when it moves
         # Refreshes and loads take the lock so that a load begun before a move cannot put its
@@ -114,6 +115,7 @@ class TemplateReader:
         version was tuned for, with ``score(template, texts)``, ``answer(...)`` and ``verbalizers`` (``pipelines.engine.endpoints.make_label_scorer`` makes
         one for a loaded model or an OpenAI-compatible endpoint)."""
         version_id = self._route(task, label, key)
+        self._check_sound(version_id)
         template = self._template(version_id)
         rule = template.decision
         if rule is None:
@@ -137,6 +139,18 @@ class TemplateReader:
                               answer.text, parsed.reason)
         (row,) = target.score(frame, texts)
         return Prediction(rule.decide(row), version_id, dict(zip(rule.labels, map(float, row))))
+
+    def _check_sound(self, version_id: int) -> None:
+        """Refuse to serve a version whose row breaks its schema (a NaN score, a bad time, a name with control
+        characters): it was written outside the store's code or damaged, so its decision cannot be trusted either.
+        One query per version the reader predicts with; versions never change, so the answer is kept."""
+        damage = self._damage.get(version_id)
+        if damage is None:
+            damage = self._damage[version_id] = self._store.get_version(version_id).damage
+        if damage:
+            raise StoreError(f"version {version_id} is damaged ({'; '.join(damage)[:200]}): predict does not serve it; "
+                             "`tune-prompts store doctor` lists every damaged row: restore the store from a backup "
+                             "or promote a sound version")
 
     def _route(self, task: str, label: str | None, key: str | None) -> int:
         if label is not None and key is not None:

@@ -29,8 +29,11 @@ statements that differ.
 
 Hostile input stops at the API: ids outside 1..2**63-1 and names that are not UTF-8 text are refused
 (``check_id``, ``check_name``). A stored row that does not decode is a StoreError naming it, and every
-write refuses until the store is repaired. An SQLite store in a folder (or a file) this user cannot
-write is opened read-only and creates nothing beside it.
+write refuses until the store is repaired. A row that decodes but breaks its schema (a non-finite score, a
+time that is not ISO 8601, control characters in a name) is read with ``Version.damage`` naming each field:
+``store show`` marks it, ``predict`` refuses to serve it, ``check_rows`` (``store doctor``) lists every one. An
+SQLite store in a folder (or a file) this user cannot write, or whose write bits are all cleared, is opened
+read-only (``mode=ro``) and creates nothing beside it.
 """
 
 from __future__ import annotations
@@ -179,6 +182,13 @@ def check_name(name: object, what: str, *, new: bool = False) -> str:
     return name
 
 
+def _writable(path: str) -> bool:
+    """Whether this process may write ``path`` and its mode says anyone may: root ignores permissions, but a
+    file or folder with every write bit cleared was made read-only on purpose, and is opened read-only (``mode=ro``,
+    so that SQLite creates no -wal or -shm beside it)."""
+    return os.access(path, os.W_OK) and bool(os.stat(path).st_mode & 0o222)
+
+
 def _is_lock_error(exc: Exception) -> bool:
     text = str(exc)
     return isinstance(exc, sqlite3.Error) and ("locked" in text or "busy" in text)
@@ -204,6 +214,9 @@ class Version:
     latency: dict[str, float]  # e.g. template_tokens, latency_p95_ms, render_us_p99, error_rate
     decision: Decision | None  # the gate's decision; None for a version that was never gated (a seed)
     created_at: str  # ISO 8601, UTC
+    # What in the row breaks its own schema but still decodes ("scores.test.roc_auc: nan is not a finite number"),
+    # from a row written outside the store's code: shown marked, never served (``check_rows``, ``store doctor``).
+    damage: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
         return {
@@ -218,6 +231,7 @@ class Version:
             "decision": None if self.decision is None else {
                 "promote": self.decision.promote, "reasons": list(self.decision.reasons)},
             "created_at": self.created_at,
+            **({"damage": list(self.damage)} if self.damage else {}),
         }
 
 
@@ -236,6 +250,37 @@ def _is_figures(value: object) -> bool:
         isinstance(v, (int, float)) and not isinstance(v, bool) for v in value.values())
 
 
+def _figure_damage(field: str, figures: dict) -> list[str]:
+    return [f"{field}.{name}: {value!r} is not a finite number" for name, value in figures.items()
+            if not math.isfinite(value)]
+
+
+def _name_damage(field: str, value: object, *, optional: bool = False) -> list[str]:
+    """A stored name the store would refuse today: not text, empty, too long, or with control characters."""
+    if value is None and optional:
+        return []
+    if not isinstance(value, str) or not value:
+        return [f"{field}: {value!r} is not a name"]
+    if len(value) > MAX_NAME_CHARS or not value.isprintable():
+        return [f"{field}: {value[:40]!a} has control characters or over {MAX_NAME_CHARS} characters"]
+    return []
+
+
+def _time_damage(field: str, value: object) -> list[str]:
+    try:
+        datetime.fromisoformat(value)  # type: ignore[arg-type]
+        return []
+    except (TypeError, ValueError):
+        return [f"{field}: {str(value)[:40]!a} is not an ISO 8601 time"]
+
+
+def _soft_damage(task: object, run_id: object, scores: dict, latency: dict, created_at: object) -> list[str]:
+    """What breaks a decoded version row's schema without stopping it from being read."""
+    return (_name_damage("task", task) + _name_damage("run_id", run_id, optional=True)
+            + [d for split, figures in scores.items() for d in _figure_damage(f"scores.{split}", figures)]
+            + _figure_damage("latency", latency) + _time_damage("created_at", created_at))
+
+
 @dataclass(frozen=True)
 class Promotion(Version):
     """The version ``promote`` made production, and what the move replaced, both read in its transaction."""
@@ -251,17 +296,37 @@ def _version_from_row(row: tuple, where: str) -> Version:
         decision = None if decision is None else json.loads(decision)
         if not (_is_figures(latency) and isinstance(scores, dict) and all(map(_is_figures, scores.values()))):
             raise ValueError("scores or latency are not figures")
-        if not (all(isinstance(x, str) for x in (task, content_hash, created_at))
-                and isinstance(run_id, (str, type(None))) and isinstance(parent_id, (int, type(None)))):
-            raise ValueError("a column has the wrong type")
+        for name, value, kinds in (("task", task, str), ("content_hash", content_hash, str),
+                                   ("created_at", created_at, str), ("run_id", run_id, (str, type(None))),
+                                   ("parent_id", parent_id, (int, type(None)))):
+            if not isinstance(value, kinds):
+                raise ValueError(f"{name} has the wrong type: {type(value).__name__}")
         return Version(
             id=id_, task=task, content_hash=content_hash, template=Template.from_dict(json.loads(template)),
             parent_id=parent_id, run_id=run_id, scores=scores, latency=latency,
             decision=None if decision is None else Decision(bool(decision["promote"]), tuple(decision["reasons"])),
-            created_at=created_at,
+            created_at=created_at, damage=tuple(_soft_damage(task, run_id, scores, latency, created_at)),
         )
     except _DECODE_ERRORS as exc:
         raise _damaged(f"version {id_}", where, exc) from None
+
+
+def _history_damage(row: tuple) -> list[str]:
+    """What breaks a label history row's schema (seq, task, label, version_id, share, ramp, moved_at)."""
+    _, task, label, version_id, share, ramp, moved_at = row
+    out = _name_damage("task", task) + _name_damage("label", label) + _time_damage("moved_at", moved_at)
+    if not (version_id is None or (isinstance(version_id, int) and not isinstance(version_id, bool))):
+        out.append(f"version_id: {str(version_id)[:40]!a} is not a version id")
+    if share is not None and not (isinstance(share, (int, float)) and 0 <= share <= 1):
+        out.append(f"share: {share!r} is not a fraction from 0 to 1")
+    if ramp is not None:
+        try:
+            steps = json.loads(ramp)
+            if not (isinstance(steps, list) and all(isinstance(x, (int, float)) and 0 < x <= 1 for x in steps)):
+                raise ValueError
+        except (TypeError, ValueError, RecursionError):
+            out.append(f"ramp: {str(ramp)[:40]!a} is not a list of fractions")
+    return out
 
 
 def _canary_from_row(task: str, row: tuple, where: str) -> Canary:
@@ -390,7 +455,7 @@ class TemplateStore:
 
     def _open_sqlite(self, path: str, create: bool) -> sqlite3.Connection:
         """Open (and create, if allowed and missing) the store file; lock errors are raised as they are."""
-        if os.path.exists(path) and not (os.access(path, os.W_OK) and os.access(os.path.dirname(path), os.W_OK)):
+        if os.path.exists(path) and not (_writable(path) and _writable(os.path.dirname(path))):
             return self._open_sqlite_read_only(path)
         # Look before writing anything: a read-only connection cannot change a file that is not ours.
         has_schema = os.path.exists(path) and os.path.getsize(path) > 0 and self._check_file_is_store(path)
@@ -842,3 +907,17 @@ class TemplateStore:
         return self._query(
             "SELECT h.seq, h.task, h.label, h.version_id, v.template FROM label_history h"
             " LEFT JOIN versions v ON v.id = h.version_id WHERE h.seq > ? ORDER BY h.seq", (after_seq,))
+
+    def check_rows(self) -> list[tuple[str, int, str]]:
+        """Every row that breaks its own schema, as (table, version id or history seq, "field: problem"), in table
+        and id order; empty for a sound store. Reads every row: for ``store doctor``, not for serving."""
+        found = []
+        for row in self._query(f"SELECT {_VERSION_COLUMNS} FROM versions ORDER BY id"):
+            try:
+                damage = _version_from_row(row, self._path).damage
+            except StoreError as exc:
+                damage = (str(exc).partition(" is damaged (")[2].rpartition("); the store needs repair")[0],)
+            found += [("versions", row[0], problem) for problem in damage]
+        for row in self._query("SELECT seq, task, label, version_id, share, ramp, moved_at FROM label_history ORDER BY seq"):
+            found += [("label_history", row[0], problem) for problem in _history_damage(row)]
+        return found

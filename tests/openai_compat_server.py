@@ -13,7 +13,16 @@ route is FastAPI's ``{"detail": "Not Found"}``.
 ``latency_s`` (a network round trip: every request waits this long, concurrently with the others),
 ``stall_s`` (sleep before answering), ``fail_first`` (500 for the first N completion requests),
 ``rate_limit_first`` (429 for the first N), ``no_logprobs`` (answer text only, ``logprobs: null``),
-``no_choices`` (200 with an empty ``choices`` list).
+``no_choices`` (200 with an empty ``choices`` list), and ``mode``, one of ``FAULT_MODES``: a server that breaks
+on every completion request in one way (the models list still answers, so a client gets as far as scoring):
+
+* on the wire: ``stall`` (never answers), ``trickle`` (a good answer, one byte every ``trickle_s``), ``reset``
+  (the connection is reset, no answer), ``huge`` (a 200 whose body never ends: ``huge_bytes`` of JSON-ish bytes);
+* statuses: ``rate_limit`` (429 with ``Retry-After: retry_after``), ``rate_limit_bare`` (429, no Retry-After),
+  ``unavailable`` (503 with Retry-After), ``error500`` (500);
+* lies in a 200: ``garbage`` (an HTML page), ``not_json`` (JSON content type, broken JSON), ``wrong_shape``
+  (``choices`` is an object), ``number_text`` (a number where the answer's text and tokens belong), ``nan`` and
+  ``inf`` (every log-prob NaN or Infinity).
 
     with OpenAICompatServer(ModelBackend(load_causal_lm()), "smollm2") as server:
         server.base_url  # http://127.0.0.1:<free port>/v1
@@ -29,6 +38,8 @@ Requests that arrive together are not batched (vLLM would): the model answers on
 from __future__ import annotations
 
 import json
+import socket
+import struct
 import threading
 import time
 from dataclasses import dataclass
@@ -49,6 +60,14 @@ class Faults:
     rate_limit_first: int = 0  # answer the first N completion requests with 429
     no_logprobs: bool = False  # a server without log-probs: answer text only
     no_choices: bool = False  # a broken server: 200 with an empty "choices" list
+    mode: str | None = None  # one of FAULT_MODES: every completion request breaks that way
+    trickle_s: float = 0.2  # mode "trickle": seconds between bytes
+    retry_after: str = "0"  # rate_limit_first and modes "rate_limit", "unavailable": the Retry-After header
+    huge_bytes: int = 64 * 2**20  # mode "huge": bytes sent before the server gives up
+
+
+FAULT_MODES = ("stall", "trickle", "reset", "huge", "rate_limit", "rate_limit_bare", "unavailable", "error500",
+               "garbage", "not_json", "wrong_shape", "number_text", "nan", "inf")
 
 
 class ModelBackend:
@@ -118,6 +137,7 @@ class OpenAICompatServer:
         self.completion_requests = 0  # POSTs to a completion route, faulted ones included
         self.usage_totals = {"prompt_tokens": 0, "completion_tokens": 0}  # over the answered completion requests
         self.log: list[tuple[str, int]] = []  # (path, status) of every request
+        self.request_times: list[float] = []  # time.monotonic() at each completion request's arrival
         self._count_lock = threading.Lock()
         self._stopping = threading.Event()
         self._httpd: ThreadingHTTPServer | None = None
@@ -171,12 +191,21 @@ class OpenAICompatServer:
         with self._count_lock:
             self.completion_requests += 1
             n = self.completion_requests
+            self.request_times.append(time.monotonic())
         if faults.stall_s:
             self._stopping.wait(faults.stall_s)
+        if faults.mode == "stall":
+            self._stopping.wait()
+            return 503, _error("the server is stopping", "ServiceUnavailable", 503), {}
+        status_fault = {"rate_limit": (429, {"Retry-After": faults.retry_after}), "rate_limit_bare": (429, {}),
+                        "unavailable": (503, {"Retry-After": faults.retry_after}), "error500": (500, {})}
+        if faults.mode in status_fault:
+            code, extra = status_fault[faults.mode]
+            return code, _error(f"simulated {faults.mode}", "SimulatedFault", code), extra
         if n <= faults.fail_first:
             return 500, _error(f"simulated failure {n} of {faults.fail_first}", "InternalServerError", 500), {}
         if n <= faults.rate_limit_first:
-            return 429, _error("simulated rate limit", "RateLimitError", 429), {"Retry-After": "0"}
+            return 429, _error("simulated rate limit", "RateLimitError", 429), {"Retry-After": faults.retry_after}
         try:
             request = json.loads(body)
         except ValueError:
@@ -220,12 +249,39 @@ class OpenAICompatServer:
                 "token_logprobs": [lp for _, lp, _ in steps],
                 "top_logprobs": [dict(top) for _, _, top in steps],
             }
-        return 200, {
+        return 200, _lie(faults.mode, {
             "id": f"cmpl-{n}", "object": "chat.completion" if chat else "text_completion",
             "created": int(time.time()), "model": self.model_name, "choices": [choice],
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(steps),
                       "total_tokens": prompt_tokens + len(steps)},
-        }, {}
+        }), {}
+
+
+def _lie(mode: str | None, answer: dict) -> dict:
+    """A good answer changed the way a lying server would change it (modes wrong_shape, number_text, nan, inf)."""
+    if mode == "wrong_shape":
+        return {**answer, "choices": {"0": answer["choices"][0]}}
+    value = {"nan": float("nan"), "inf": float("inf")}.get(mode)
+    for choice in answer["choices"]:
+        if mode == "number_text":
+            if "message" in choice:
+                choice["message"]["content"] = 7
+            else:
+                choice["text"] = 7
+        logprobs = choice.get("logprobs") or {}
+        for step in logprobs.get("content") or []:  # chat
+            if mode == "number_text":
+                step["token"] = 7
+            if value is not None:
+                step["logprob"] = value
+                for alt in step["top_logprobs"]:
+                    alt["logprob"] = value
+        if value is not None and logprobs.get("token_logprobs"):  # completions
+            logprobs["token_logprobs"] = [value for _ in logprobs["token_logprobs"]]
+            logprobs["top_logprobs"] = [{t: value for t in top} for top in logprobs["top_logprobs"]]
+        if mode == "number_text" and logprobs.get("tokens"):
+            logprobs["tokens"] = [7 for _ in logprobs["tokens"]]
+    return answer
 
 
 def _error(message: str, kind: str, code: int) -> dict:
@@ -240,14 +296,38 @@ def _handler_for(server: OpenAICompatServer):
             status, payload, extra = server.handle(method, path, self.headers, body)
             server.log.append((path, status))
             data = json.dumps(payload).encode()
+            mode = server.faults.mode if path != "/v1/models" else None
+            content_type = "application/json"
+            if mode == "garbage":
+                data, content_type = b"<html><body><h1>502 Bad Gateway</h1></body></html>", "text/html"
+            elif mode == "not_json":
+                data = b'{"choices": [{"message": {"content": "yes"'
             try:
+                if mode == "reset":  # SO_LINGER 0: close() sends a TCP reset, not an orderly end
+                    self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    self.connection.close()
+                    self.close_connection = True
+                    return
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
+                self.send_header("Content-Type", content_type)
+                if mode != "huge":
+                    self.send_header("Content-Length", str(len(data)))
                 for name, value in extra.items():
                     self.send_header(name, value)
                 self.end_headers()
-                self.wfile.write(data)
+                if mode == "trickle":
+                    for i in range(len(data)):
+                        if server._stopping.wait(server.faults.trickle_s):
+                            return
+                        self.wfile.write(data[i:i + 1])
+                        self.wfile.flush()
+                elif mode == "huge":  # no Content-Length: the body ends when the connection does
+                    self.close_connection = True
+                    block = b'{"pad": "' + b"x" * 65536
+                    for _ in range(server.faults.huge_bytes // len(block)):
+                        self.wfile.write(block)
+                else:
+                    self.wfile.write(data)
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the client gave up (a stalled answer after its timeout)
 
@@ -278,11 +358,12 @@ if __name__ == "__main__":
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], help="default: the machine's (models.default_dtype)")
     parser.add_argument("--latency-ms", type=float, default=0.0, help="a simulated network round trip per request")
     parser.add_argument("--max-logprobs", type=int, default=MAX_TOP_LOGPROBS, help="as vLLM's: the most top log-probs a request may ask for")
+    parser.add_argument("--fault", choices=FAULT_MODES, help="break every completion request this way")
     args = parser.parse_args()
     if args.latency_ms < 0:
         parser.error(f"--latency-ms {args.latency_ms} must not be negative")
     srv = OpenAICompatServer(ModelBackend(load_causal_lm(args.model, dtype=args.dtype)), args.name,
-                             faults=Faults(latency_s=args.latency_ms / 1000), max_logprobs=args.max_logprobs).start(args.port)
+                             faults=Faults(latency_s=args.latency_ms / 1000, mode=args.fault), max_logprobs=args.max_logprobs).start(args.port)
     print(f"serving {args.name} at {srv.base_url}", flush=True)
     try:
         threading.Event().wait()

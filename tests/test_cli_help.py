@@ -33,7 +33,7 @@ def examples(parser: argparse.ArgumentParser) -> list[list[str]]:
 
 def test_the_walk_finds_every_command():
     assert {"tasks", "render", "eval", "check", "predict", "schedule", "store"} <= {p[0] for p in COMMANDS if p}
-    assert {p[1] for p in COMMANDS if len(p) == 2} == {"list", "show", "diff", "promote", "rollback", "label", "route"}
+    assert {p[1] for p in COMMANDS if len(p) == 2} == {"list", "show", "diff", "promote", "rollback", "label", "route", "doctor"}
 
 
 @pytest.mark.parametrize("path", COMMANDS, ids=lambda path: " ".join(path) or "tune-prompts")

@@ -77,7 +77,7 @@ def test_stalled_server_times_out_retries_then_raises_within_bounds(server):
     server.faults.stall_s = 30
     s = scorer(server.base_url, timeout_s=0.3, max_retries=2, backoff_s=0.05)
     t0 = time.perf_counter()
-    with pytest.raises(EndpointError, match=r"127\.0\.0\.1.*failed 3 times.*no answer within 0\.3 s"):
+    with pytest.raises(EndpointError, match=r"127\.0\.0\.1.*failed 3 times.*no complete answer within 0\.3 s"):
         s.score(TEMPLATE, [SCAM])
     elapsed = time.perf_counter() - t0
     assert elapsed < 3 * 0.3 + 0.05 + 0.1 + 1.0  # three timeouts, two backoffs, slack for a busy CPU
@@ -212,7 +212,7 @@ def test_endpoint_scores_match_the_in_process_scorer_on_real_risk_examples():
         got = endpoint.score(LOWERCASE_TEMPLATE, texts)
     assert endpoint.stats.as_dict() | {"seconds": 0, "request_ms_p50": 0, "request_ms_p95": 0} == {
         "mode": "logprobs", "pairs_scored": 24, "pairs_cached": 0, "requests": 24, "retries": 0, "timeouts": 0,
-        "errors": 0, "labels_floored": 0, "answers_unmapped": 0, "answers_generated": 0, "seconds": 0,
+        "errors": 0, "responses_invalid": 0, "labels_floored": 0, "answers_unmapped": 0, "answers_generated": 0, "seconds": 0,
         "request_ms_p50": 0, "request_ms_p95": 0,
     }
     # Both pool each verbalizer's capitalisations; the server names only its top 20 tokens, so a rare form

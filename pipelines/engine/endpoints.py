@@ -39,35 +39,50 @@ word that begins exactly one verbalizer also counts, for answers cut short). Tha
 the others share 1e-3; an answer naming no label gives every label log(1/n) and counts in
 ``stats.answers_unmapped``. Scores then take two values per label, so ROC-AUC is coarse.
 
-Failures: each request has a per-socket-operation timeout; connection errors, timeouts, 429 and 5xx are
-retried ``max_retries`` times with exponential backoff (``backoff_s * 2**attempt``; a 429's numeric
-Retry-After is honoured up to ``timeout_s``). Anything else (404 on the route, a model the server does not
-serve, a refused key, a response without choices) raises ``EndpointError`` at once, naming the URL and what
-is missing. A pair that fails for good counts in ``stats.errors`` and its ``score`` call raises. The API key
-comes from the environment variable ``api_key_env``, is sent as a bearer token, and never appears in a
-message or a log line.
+Failures, all in bounded time (``pipelines/engine/http_deadline.py`` does the socket work):
+
+* one try of a request has ``timeout_s`` for everything: connect, send, first byte and the whole body, so a
+  server that stalls or trickles its answer cannot stretch it; one request has ``deadline_s`` in all, its tries,
+  backoffs and waits included;
+* timeouts, connection errors, 429 and 5xx are retried up to ``max_retries`` times with exponential backoff
+  and jitter (``backoff_s * 2**attempt``, times 0.5-1); a 429's or 503's Retry-After (seconds or an HTTP date)
+  is honoured up to ``max_retry_after_s``; a wait that would pass the deadline ends the request at once;
+* after ``breaker_failures`` failed tries in a row (any request of this scorer), the circuit opens: every
+  request fails at once, for ``deadline_s``, with one line naming the server and what to check;
+* anything else (404 on the route, a model the server does not serve, a refused key) raises ``EndpointError``
+  at once, naming the URL and what is missing.
+
+A response that arrives but breaks the API's contract (not JSON, another content type, a field of the wrong
+type, no choices, a NaN or infinite log-prob, a body over ``max_response_bytes``) is an
+``EndpointResponseError`` naming the server and the field. It is never turned into a decision:
+``bad_responses="raise"`` (predict, eval) raises it; ``"count"`` (the tuning loop's scorers) treats it like an
+answer that names no label (every label log(1/n), not cached) or an empty greedy answer (which breaks any
+output contract), counted in ``stats.responses_invalid``, the first one logged.
+
+A pair that fails for good counts in ``stats.errors`` and its ``score`` call raises. The API key comes from
+the environment variable ``api_key_env``, is sent as a bearer token, and never appears in a message or a log line.
 """
 
 from __future__ import annotations
 
-import http.client
-import ipaddress
+import email.utils
 import json
 import logging
 import math
 import os
+import random
 import re
 import threading
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Literal, Sequence
 
 import numpy as np
+from pydantic import ValidationError
 
+from pipelines.engine import http_deadline
+from pipelines.engine import openai_responses as api
 from pipelines.engine.answers import Answer, AnswerCache
 from pipelines.engine.pair_cache import PairCache
 from pipelines.engine.usage import Usage
@@ -80,10 +95,22 @@ ANSWER_MAX_TOKENS = 3
 ANSWER_EPS = 1e-3
 FLOOR_MARGIN = math.log(2.0)
 _DETAIL_CHARS = 300
+MAX_RESPONSE_BYTES = 8 * 2**20  # a top-20 log-probs answer is a few kB; an answer this big is a broken server
+LOGPROB_SLACK = 1e-4  # a log-prob above this is a probability above 1 (rounding aside): a lie
+RETRY_AFTER_STATUSES = (429, 503)
 
 
 class EndpointError(RuntimeError):
     """The endpoint cannot give what scoring needs; the message names the URL and what is missing."""
+
+
+class EndpointResponseError(EndpointError):
+    """The server answered, but not as the OpenAI API says (shape, types, non-finite log-probs, size). The
+    message ends with what to check, since the server, not the command, is at fault."""
+
+    def __init__(self, problem: str):
+        super().__init__(f"{problem}. Check what serves that URL (an OpenAI-compatible server, not a proxy's "
+                         "error page) and its logs")
 
 
 @dataclass
@@ -95,6 +122,7 @@ class EndpointStats:
     retries: int = 0  # requests repeated after a timeout, a connection error, 429 or 5xx
     timeouts: int = 0  # requests that got no answer within timeout_s
     errors: int = 0  # pairs that failed for good (their score() call raised EndpointError)
+    responses_invalid: int = 0  # answers that broke the API's contract, counted as no answer (bad_responses="count")
     labels_floored: int = 0  # labels missing from the top log-probs, given the floor value
     answers_unmapped: int = 0  # answers-mode replies that named no label
     answers_generated: int = 0  # greedy answers asked for (``answer``), cached ones not counted
@@ -111,6 +139,7 @@ class EndpointStats:
             "retries": self.retries,
             "timeouts": self.timeouts,
             "errors": self.errors,
+            "responses_invalid": self.responses_invalid,
             "labels_floored": self.labels_floored,
             "answers_unmapped": self.answers_unmapped,
             "answers_generated": self.answers_generated,
@@ -128,6 +157,10 @@ class _Retryable(Exception):
         self.wait_s = wait_s
 
 
+class _Skipped(Exception):
+    """A pair not asked for because another pair of the same call had already failed."""
+
+
 class _NoLogprobs(Exception):
     """The server does not give log-probs: switch to answers mode."""
 
@@ -137,14 +170,49 @@ def _count(value) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
-def _is_loopback(url: str) -> bool:
-    host = urllib.parse.urlsplit(url).hostname or ""
-    if host == "localhost":
-        return True
+class _Breaker:
+    """Fails fast after ``threshold`` failed tries in a row: a server that is down should cost one line, not a
+    deadline per request. It stays open for ``cool_s``, then lets requests try again (one more failure reopens it)."""
+
+    def __init__(self, server: str, threshold: int, cool_s: float):
+        self.server, self.threshold, self.cool_s = server, threshold, cool_s
+        self._lock = threading.Lock()
+        self._failures, self._last, self._open_until = 0, "", 0.0
+
+    def check(self) -> None:
+        with self._lock:
+            if self._failures >= self.threshold and time.monotonic() < self._open_until:
+                raise EndpointError(
+                    f"{self.server} failed {self._failures} tries in a row (last: {self._last}); not asking it again "
+                    f"for {self.cool_s:g} s. Check that the server is up and serves the model, then run the command "
+                    "again (a tuning run: with --resume)")
+
+    def failed(self, reason: str) -> None:
+        with self._lock:
+            self._failures += 1
+            self._last = reason
+            if self._failures >= self.threshold:
+                self._open_until = time.monotonic() + self.cool_s
+
+    def succeeded(self) -> None:
+        with self._lock:
+            self._failures = 0
+
+
+def _retry_after_s(value: str | None) -> float | None:
+    """A Retry-After header in seconds: a number of seconds or an HTTP date; None when absent or unreadable."""
+    value = (value or "").strip()
+    if not value:
+        return None
     try:
-        return ipaddress.ip_address(host).is_loopback
+        seconds = float(value)
     except ValueError:
-        return False
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        seconds = when.timestamp() - time.time()
+    return max(0.0, seconds) if math.isfinite(seconds) else None
 
 
 class EndpointLabelScorer:
@@ -160,11 +228,16 @@ class EndpointLabelScorer:
         chat: bool = True,
         match: Literal["token", "word"] = "word",
         timeout_s: float = 30,
+        deadline_s: float = 60,
         max_retries: int = 3,
         backoff_s: float = 0.5,
+        max_retry_after_s: float = 10,
+        breaker_failures: int = 8,
         max_concurrency: int = 4,
         cache_pairs: int = 200_000,
         top_logprobs: int = TOP_LOGPROBS,
+        bad_responses: Literal["raise", "count"] = "raise",
+        max_response_bytes: int = MAX_RESPONSE_BYTES,
     ):
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"endpoint URL {base_url!r} must start with http:// or https:// (e.g. http://localhost:8000/v1)")
@@ -178,9 +251,14 @@ class EndpointLabelScorer:
         folded = [v.strip().casefold() for v in self.verbalizers]
         if len(set(folded)) != len(folded):
             raise ValueError(f"verbalizers {self.verbalizers} differ only in case or spaces; an endpoint cannot tell them apart")
-        if timeout_s <= 0 or max_retries < 0 or backoff_s < 0 or max_concurrency < 1 or top_logprobs < 1:
-            raise ValueError("timeout_s, max_concurrency and top_logprobs must be positive, max_retries and backoff_s "
-                             "not negative")
+        if not (timeout_s > 0 and deadline_s > 0 and max_concurrency >= 1 and top_logprobs >= 1
+                and breaker_failures >= 1 and max_response_bytes >= 1):
+            raise ValueError("timeout_s, deadline_s, max_concurrency, top_logprobs, breaker_failures and "
+                             "max_response_bytes must be positive")
+        if not (max_retries >= 0 and backoff_s >= 0 and max_retry_after_s >= 0):
+            raise ValueError("max_retries, backoff_s and max_retry_after_s must not be negative")
+        if bad_responses not in ("raise", "count"):
+            raise ValueError(f"bad_responses must be 'raise' or 'count', not {bad_responses!r}")
         self.top_logprobs = top_logprobs
         self.base_url = base_url.rstrip("/")
         self.model = model
@@ -189,14 +267,15 @@ class EndpointLabelScorer:
         self.api_key_env = api_key_env
         self._api_key = os.environ.get(api_key_env) or None  # read once; never logged or put in a message
         self.timeout_s = timeout_s
+        self.deadline_s = deadline_s
         self.max_retries = max_retries
         self.backoff_s = backoff_s
+        self.max_retry_after_s = max_retry_after_s
         self.max_concurrency = max_concurrency
+        self.bad_responses = bad_responses
+        self.max_response_bytes = max_response_bytes
         self.route = "/chat/completions" if chat else "/completions"
-        # A proxy from the environment is for the outside world, never for this machine's own servers.
-        self._opener = urllib.request.build_opener(
-            *([urllib.request.ProxyHandler({})] if _is_loopback(self.base_url) else [])
-        )
+        self._breaker = _Breaker(self.base_url, breaker_failures, deadline_s)
         self._cache = PairCache(cache_pairs)
         self._answers = AnswerCache()
         self._lock = threading.Lock()  # guards stats and mode, written from worker threads
@@ -219,18 +298,34 @@ class EndpointLabelScorer:
                     raise ValueError(f"a scored template has one input variable; this one has {list(template.variables)}")
                 before, after = template.split_at(template.variables[0])
                 unique = list(todo)
+                stop = threading.Event()  # set by the first pair that fails: no pair starts after it
+
+                def one(prompt: str) -> np.ndarray | None:
+                    if stop.is_set():
+                        raise _Skipped()
+                    try:
+                        return self._score_or_none(prompt)
+                    except BaseException:
+                        stop.set()
+                        raise
+
                 with ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(unique))) as pool:
-                    futures = [pool.submit(self._score_one, before + text + after) for text in unique]
+                    futures = [pool.submit(one, before + text + after) for text in unique]
                     done, _ = wait(futures, return_when=FIRST_EXCEPTION)
                     if any(f.exception() is not None for f in done):
                         for f in futures:
                             f.cancel()  # queued pairs are dropped; the pool waits for those in flight
-                failed = [f.exception() for f in futures if not f.cancelled() and f.exception() is not None]
+                failed = [f.exception() for f in futures if not f.cancelled()
+                          and f.exception() is not None and not isinstance(f.exception(), _Skipped)]
                 if failed:
                     self.stats.errors += len(failed)
                     raise failed[0]
+                n = len(self.verbalizers)
                 for future, text in zip(futures, unique):
                     row = future.result()
+                    if row is None:  # a response that broke the contract: no information, and not cached
+                        out[todo[text]] = np.full(n, -math.log(n), dtype=np.float32)
+                        continue
                     out[todo[text]] = row
                     self._cache.put(template.text, text, row)
                 self.stats.pairs_scored += len(unique)
@@ -268,22 +363,25 @@ class EndpointLabelScorer:
     def _answer_one(self, prompt: str, max_new_tokens: int) -> Answer:
         payload = self._payload(prompt, logprobs=False)
         payload["max_tokens"] = max_new_tokens
-        data = self._post(payload)
-        choice = self._choice(data)
-        text = self._answer_text(data)
-        if not isinstance(text, str):
-            text = ""  # a malformed answer is an empty one, which breaks any contract
+        try:
+            data = self._post(payload)
+            choice = self._parse(data).choices[0]
+        except EndpointResponseError as exc:
+            self._invalid(exc)
+            return Answer("", False, 0)  # no answer is an empty one, which breaks any output contract
+        text = (choice.message.content if choice.message else None) if self.chat else choice.text
         usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
         tokens = _count(usage.get("completion_tokens"))
-        return Answer(text, choice.get("finish_reason") == "length", tokens)
+        return Answer(text or "", choice.finish_reason == "length", tokens)
 
     def check(self) -> list[str]:
         """At start-up: the server answers ``GET /models`` and serves ``model``. Returns the served model ids."""
         url = self.base_url + "/models"
-        served = self._served_models()
+        served, why = self._served_models()
         if served is None:
             raise EndpointError(
-                f"GET {url} gave no model list: is {self.base_url!r} the OpenAI-compatible root (it usually ends in /v1)?"
+                f"GET {url} gave no model list ({why}): is {self.base_url!r} the OpenAI-compatible root (it usually "
+                "ends in /v1), and is the server up?"
             )
         if self.model not in served:
             raise EndpointError(f"{self.base_url} does not serve model {self.model!r}; it serves {served}")
@@ -309,6 +407,24 @@ class EndpointLabelScorer:
                 "error_rate": failed / max(1, len(samples) + failed)}
 
     # --- one pair ------------------------------------------------------------------------------
+    def _score_or_none(self, prompt: str) -> np.ndarray | None:
+        """``_score_one``, or None for a response that broke the API's contract when those are counted."""
+        try:
+            return self._score_one(prompt)
+        except EndpointResponseError as exc:
+            self._invalid(exc)
+            return None
+
+    def _invalid(self, exc: EndpointResponseError) -> None:
+        """A response that broke the contract: raised (predict, eval) or counted as no answer (the loop)."""
+        if self.bad_responses == "raise":
+            raise exc
+        with self._lock:
+            self.stats.responses_invalid += 1
+            first = self.stats.responses_invalid == 1
+        if first:
+            logger.warning("%s; counted as an answer naming no label (stats.responses_invalid)", exc)
+
     def _score_one(self, prompt: str) -> np.ndarray:
         if self.stats.mode != "answers":
             try:
@@ -369,105 +485,134 @@ class EndpointLabelScorer:
         return row
 
     # --- reading responses -------------------------------------------------------------------
-    def _choice(self, data: dict) -> dict:
-        choices = data.get("choices") if isinstance(data, dict) else None
-        if not choices or not isinstance(choices[0], dict):
-            raise EndpointError(
-                f"POST {self.base_url}{self.route} answered without choices: {json.dumps(data)[:_DETAIL_CHARS]}"
-            )
-        return choices[0]
-
-    def _top_logprobs(self, data: dict) -> list[tuple[str, float]]:
-        """(token text, log-prob) of the first generated position: the chosen token and its alternatives."""
-        logprobs = self._choice(data).get("logprobs") or {}
-        entries: list[tuple[str, float]] = []
+    def _parse(self, data) -> api.ChatResponse | api.CompletionResponse:
+        """The response checked against the parts of the OpenAI API this client reads."""
+        model = api.ChatResponse if self.chat else api.CompletionResponse
         try:
-            if self.chat:
-                first = (logprobs.get("content") or [None])[0]
-                if first:
-                    entries.append((first["token"], first["logprob"]))
-                    entries += [(e["token"], e["logprob"]) for e in first.get("top_logprobs") or []]
-            else:
-                if logprobs.get("tokens"):
-                    entries.append((logprobs["tokens"][0], logprobs["token_logprobs"][0]))
-                entries += list(((logprobs.get("top_logprobs") or [None])[0] or {}).items())
-        except (KeyError, TypeError, IndexError, AttributeError) as exc:
-            raise EndpointError(
-                f"POST {self.base_url}{self.route}: log-probs in an unexpected shape ({type(exc).__name__}: {exc})"
+            return model.model_validate(data)
+        except ValidationError as exc:
+            if isinstance(data, dict) and data.get("choices") == []:
+                problem = f"no choices: {json.dumps(data)[:_DETAIL_CHARS]}"
+                raise EndpointResponseError(f"POST {self.base_url}{self.route} answered without choices ({problem})") from None
+            raise EndpointResponseError(
+                f"{self.base_url} returned a response in the wrong shape for {self.route}: {api.first_problem(exc)}"
             ) from None
-        entries = [(t, float(lp)) for t, lp in entries if isinstance(t, str) and lp is not None and math.isfinite(float(lp))]
+
+    def _top_logprobs(self, data) -> list[tuple[str, float]]:
+        """(token text, log-prob) of the first generated position: the chosen token and its alternatives."""
+        choice = self._parse(data).choices[0]
+        entries: list[tuple[str, float | None]] = []
+        if self.chat:
+            first = choice.logprobs.content[0] if choice.logprobs and choice.logprobs.content else None
+            if first is not None:
+                entries.append((first.token, first.logprob))
+                entries += [(e.token, e.logprob) for e in first.top_logprobs or []]
+        elif choice.logprobs is not None:
+            lp = choice.logprobs
+            if lp.tokens and lp.token_logprobs:
+                entries.append((lp.tokens[0], lp.token_logprobs[0]))
+            entries += list(((lp.top_logprobs or [None])[0] or {}).items())
+        entries = [(t, v) for t, v in entries if v is not None]  # a completion's first token may carry none
+        for token, value in entries:
+            if not math.isfinite(value):
+                raise EndpointResponseError(f"{self.base_url} returned a non-finite log-prob for {token!r} ({value})")
+            if value > LOGPROB_SLACK:
+                raise EndpointResponseError(f"{self.base_url} returned log-prob {value} for {token!r}: above 0, "
+                                            "a probability above 1")
         if not entries:
             raise _NoLogprobs("the response has no log-probs")
         return list(dict(entries).items())  # the chosen token is also among the alternatives: once each
 
-    def _answer_text(self, data: dict) -> str:
-        choice = self._choice(data)
-        text = (choice.get("message") or {}).get("content") if self.chat else choice.get("text")
+    def _answer_text(self, data) -> str:
+        choice = self._parse(data).choices[0]
+        text = (choice.message.content if choice.message else None) if self.chat else choice.text
         return text or ""
 
     # --- HTTP ---------------------------------------------------------------------------------------
+    def _headers(self, content: bool) -> dict[str, str]:
+        headers = {"Accept": "application/json", **({"Content-Type": "application/json"} if content else {})}
+        if self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key}"
+        return headers
+
     def _post(self, payload: dict) -> dict:
+        """One request: tries, backoffs and waits all inside ``deadline_s``; each try inside ``timeout_s``."""
         url = self.base_url + self.route
         body = json.dumps(payload).encode()
-        last = ""
+        started = time.monotonic()
+        deadline = started + self.deadline_s
+        last, tries = "", 0
         for attempt in range(self.max_retries + 1):
+            self._breaker.check()
+            tries += 1
             try:
-                return self._post_once(url, body, payload)
+                data = self._post_once(url, body, payload, min(deadline, time.monotonic() + self.timeout_s))
             except _Retryable as exc:
                 last = str(exc)
+                self._breaker.failed(last)
                 if attempt == self.max_retries:
                     break
-                delay = self.backoff_s * 2**attempt
+                delay = self.backoff_s * 2**attempt * random.uniform(0.5, 1.0)  # jitter: clients do not retry in step
                 if exc.wait_s is not None:
-                    delay = max(delay, min(exc.wait_s, self.timeout_s))
+                    delay = max(delay, min(exc.wait_s, self.max_retry_after_s))
+                if time.monotonic() + delay >= deadline:
+                    last += f"; the next try (in {delay:.1f} s) would pass the request's {self.deadline_s:g} s deadline"
+                    break
                 with self._lock:
                     self.stats.retries += 1
                 logger.info("POST %s failed (%s); retry %d of %d in %.2f s", url, last, attempt + 1, self.max_retries, delay)
                 time.sleep(delay)
-        raise EndpointError(f"POST {url} failed {self.max_retries + 1} times; last: {last}")
+            else:
+                self._breaker.succeeded()
+                return data
+        raise EndpointError(f"POST {url} failed {tries} times; last: {last}. Gave up after "
+                            f"{time.monotonic() - started:.1f} s: check the server, or allow more with "
+                            "--request-timeout, --request-deadline or --max-retries")
 
-    def _post_once(self, url: str, body: bytes, payload: dict) -> dict:
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        if self._api_key:
-            headers["Authorization"] = f"Bearer {self._api_key}"
-        request = urllib.request.Request(url, data=body, headers=headers, method="POST")
+    def _post_once(self, url: str, body: bytes, payload: dict, deadline: float) -> dict:
         with self._lock:
             self.stats.requests += 1
         t0 = time.perf_counter()
         try:
-            with self._opener.open(request, timeout=self.timeout_s) as response:
-                raw = response.read()
-        except urllib.error.HTTPError as exc:
-            detail = self._detail(exc)
-            if exc.code == 429 or exc.code >= 500:
-                retry_after = exc.headers.get("Retry-After", "") if exc.headers else ""
-                raise _Retryable(
-                    f"HTTP {exc.code}: {detail}", float(retry_after) if retry_after.strip().isdigit() else None
-                ) from None
-            raise self._refusal(url, exc.code, detail, payload) from None
-        except (OSError, http.client.HTTPException) as exc:  # URLError, timeouts, resets, refused connections
-            reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
-            if isinstance(reason, TimeoutError):
-                with self._lock:
-                    self.stats.timeouts += 1
-                raise _Retryable(f"no answer within {self.timeout_s} s") from None
-            raise _Retryable(f"connection failed: {type(reason).__name__}: {reason}") from None
+            reply = http_deadline.request("POST", url, body, self._headers(True), deadline=deadline,
+                                          max_bytes=self.max_response_bytes)
+        except http_deadline.DeadlineExceeded:
+            with self._lock:
+                self.stats.timeouts += 1
+            raise _Retryable(f"no complete answer within {min(self.timeout_s, self.deadline_s):g} s") from None
+        except http_deadline.ConnectionFailed as exc:
+            raise _Retryable(f"connection failed: {exc}") from None
+        except http_deadline.BodyTooLarge as exc:
+            raise EndpointResponseError(f"{self.base_url} returned an answer over the {self.max_response_bytes} "
+                                        f"bytes accepted ({exc})") from None
         elapsed_ms = (time.perf_counter() - t0) * 1000
-        try:
-            data = json.loads(raw)
-        except ValueError:
-            raise EndpointError(f"POST {url} answered with something that is not JSON: {raw[:_DETAIL_CHARS]!r}") from None
+        if reply.status != 200:
+            detail = self._detail(reply)
+            if reply.status == 429 or reply.status >= 500:
+                wait_s = _retry_after_s(reply.headers.get("Retry-After")) if reply.status in RETRY_AFTER_STATUSES else None
+                raise _Retryable(f"HTTP {reply.status}: {detail}", wait_s)
+            raise self._refusal(url, reply.status, detail, payload, reply)
+        data = self._json(reply, f"POST {url}")
         usage = data.get("usage") if isinstance(data, dict) and isinstance(data.get("usage"), dict) else {}
         with self._lock:
             self.stats.request_ms.append(elapsed_ms)
             self.usage.add(1, _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")))
         return data
 
-    def _detail(self, exc: urllib.error.HTTPError) -> str:
+    def _json(self, reply: http_deadline.Reply, what: str):
+        """A 200 reply's JSON body; another content type or a body that is not JSON is a response error."""
+        kind = (reply.headers.get_content_type() or "").lower()
+        if kind != "application/json" and not kind.endswith("+json"):
+            raise EndpointResponseError(f"{what} answered with content type {kind!r}, not JSON: "
+                                        f"{reply.body[:80]!r}")
         try:
-            text = exc.read().decode("utf-8", "replace")
-        except OSError:
-            text = ""
+            return json.loads(reply.body)
+        except (ValueError, RecursionError):
+            raise EndpointResponseError(f"{what} answered with something that is not JSON: "
+                                        f"{reply.body[:_DETAIL_CHARS]!r}") from None
+
+    def _detail(self, reply: http_deadline.Reply) -> str:
+        text = reply.body[:10_000].decode("utf-8", "replace")
         try:  # OpenAI and vLLM: {"error": {"message": ...}}; FastAPI: {"detail": ...}
             data = json.loads(text)
             error = data.get("error", data.get("detail", text))
@@ -476,17 +621,17 @@ class EndpointLabelScorer:
             pass
         if self._api_key:
             text = text.replace(self._api_key, "***")
-        return text.strip()[:_DETAIL_CHARS] or exc.reason or "no detail"
+        return " ".join(text.split())[:_DETAIL_CHARS] or "no detail"
 
-    def _refusal(self, url: str, code: int, detail: str, payload: dict) -> Exception:
-        """A non-retryable HTTP error as the error that says what to fix (or _NoLogprobs)."""
+    def _refusal(self, url: str, code: int, detail: str, payload: dict, reply: http_deadline.Reply) -> Exception:
+        """A non-retryable HTTP status as the error that says what to fix (or _NoLogprobs)."""
         if code in (400, 422) and "logprob" in detail.lower() and ("logprobs" in payload or "top_logprobs" in payload):
             return _NoLogprobs(f"the server rejected log-probs: {detail}")
         if code in (401, 403):
             key_state = "is set" if self._api_key else "is not set"
             return EndpointError(f"POST {url} returned {code} ({detail}): the server refused the API key; ${self.api_key_env} {key_state}")
         if code == 404 and "model" in detail.lower():
-            served = self._served_models()
+            served, _ = self._served_models()
             listing = f"; it serves {served}" if served else ""
             return EndpointError(f"{self.base_url} does not know model {self.model!r} ({detail}){listing}")
         if code in (404, 405):
@@ -494,16 +639,32 @@ class EndpointLabelScorer:
                 f"POST {url} returned {code} ({detail}): the server has no {self.route} route. "
                 f"Is {self.base_url!r} the OpenAI-compatible root (it usually ends in /v1)?"
             )
+        if 300 <= code < 400:
+            where = reply.headers.get("Location", "elsewhere")
+            return EndpointError(f"POST {url} was redirected ({code}) to {where[:_DETAIL_CHARS]!r}: give that "
+                                 "address as the URL")
+        if 200 <= code < 300:
+            return EndpointResponseError(f"POST {url} returned {code}, not 200 with an answer")
         return EndpointError(f"POST {url} returned {code}: {detail}")
 
-    def _served_models(self) -> list[str] | None:
-        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+    def _served_models(self) -> tuple[list[str] | None, str]:
+        """The model ids ``GET /models`` lists (None, and why, when it lists none), in one try of ``timeout_s``."""
         try:
-            request = urllib.request.Request(self.base_url + "/models", headers=headers)
-            with self._opener.open(request, timeout=self.timeout_s) as response:
-                return [m["id"] for m in json.loads(response.read())["data"]]
-        except (OSError, ValueError, KeyError, TypeError, http.client.HTTPException):
-            return None
+            reply = http_deadline.request("GET", self.base_url + "/models", None, self._headers(False),
+                                          deadline=time.monotonic() + min(self.timeout_s, self.deadline_s),
+                                          max_bytes=self.max_response_bytes)
+        except http_deadline.DeadlineExceeded:
+            return None, f"no complete answer within {min(self.timeout_s, self.deadline_s):g} s"
+        except (http_deadline.ConnectionFailed, http_deadline.BodyTooLarge) as exc:
+            return None, str(exc)
+        if reply.status != 200:
+            return None, f"HTTP {reply.status}: {self._detail(reply)}"
+        try:
+            return [m.id for m in api.ModelList.model_validate(self._json(reply, "GET /models")).data], ""
+        except EndpointResponseError as exc:
+            return None, str(exc)
+        except ValidationError as exc:
+            return None, api.first_problem(exc)
 
 
 def make_label_scorer(
