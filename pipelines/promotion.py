@@ -25,14 +25,20 @@ SEED_REASON = "pass: seed template, registered as the first production version"
 
 
 def record(ev: Evaluation) -> tuple[dict, dict]:
-    """The store's ``scores`` and ``latency`` for an evaluated template (its held-out figures)."""
+    """The store's ``scores`` and ``latency`` for an evaluated template (its held-out figures). A figure that was
+    not measured (no latency; NaN where every probe request failed or a metric is undefined) is left out: the
+    store keeps measured figures only, and the gate reads a missing one as failing its bar."""
     m, lat = ev.measured, ev.latency
     test = {**m.metrics, **{k: v for k, v in ev.reward.components.items() if v is not None},
             "total_reward": ev.reward.total}
     latency = {"template_tokens": m.tokens,
                "latency_p50_ms": lat.p50_ms if lat else None, "latency_p95_ms": lat.p95_ms if lat else None,
                "render_us_p99": lat.render_us_p99 if lat else None, "error_rate": lat.error_rate if lat else None}
-    return {ev.split: test}, latency
+    return {ev.split: _measured(test)}, _measured(latency)
+
+
+def _measured(figures: dict) -> dict:
+    return {k: v for k, v in figures.items() if isinstance(v, (int, float)) and math.isfinite(v)}
 
 
 def shipped(task: TaskConfig, ev: Evaluation) -> Template:
@@ -76,6 +82,11 @@ def promote(task: TaskConfig, store_url: str, evaluations: list[Evaluation], run
         incumbent = store.get_label(task.name, "production")
         if incumbent is None:
             scores, latency = record(seed_ev)
+            if "latency_p95_ms" not in latency:  # the target answered none of the seed's probe requests
+                from pipelines.engine.endpoints import EndpointError
+
+                raise EndpointError(f"the target answered none of the seed's {seed_ev.split} latency probes "
+                                    "validly (every one failed or broke the API), so nothing was recorded")
             seed_version = store.add_version(task.name, shipped(task, seed_ev), run_id=run_id, scores=scores,
                                              latency=latency, decision=Decision(True, (SEED_REASON,)))
             incumbent = store.promote(task.name, seed_version.id, force=True)

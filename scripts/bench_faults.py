@@ -1,14 +1,16 @@
-"""Every fault mode of the loopback test server x (eval, predict): exit code, wall time, first line printed.
+"""Every fault mode of the loopback test server x (eval, predict, tune): exit code, wall time, first line printed.
 
-    python scripts/bench_faults.py [--timeout 2] [--deadline 5] [--commands eval,predict]
+    python scripts/bench_faults.py [--timeout 2] [--deadline 5] [--commands eval,predict,tune]
 
 A scripted server (tests/openai_compat_server.py, no model) breaks every completion request one way
 (``FAULT_MODES``); the commands run in this process through ``pipelines.cli.main`` against it, with
 ``--request-timeout``/``--request-deadline`` as given, and each must end within the deadline plus 1 s of its first
 request. predict reads a throwaway store whose production version of tests/data/risk_served.yaml decides on a
 threshold; eval scores that task's test split (its wall time includes loading the embedded model for
-readability, before the first request). A tuning run is not in the table: Ray and the policy model take longer
-than a minute to start on 2 cores, and its scorers count a lie as an answer naming no label rather than stop.
+readability, before the first request). tune runs 1 step of 2 candidates of that task on 4 dev examples (Ray and
+the policy model start first, so its wall time is mostly start-up); its scorers count a lying answer as one that
+names no label rather than stop, and a server that does not answer stops the run. For tune, the line shown is
+its error, or on exit 0 what it did to the store.
 """
 
 from __future__ import annotations
@@ -59,8 +61,9 @@ def run(argv: list[str]) -> tuple[int, float, str]:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = cli.main(argv)
     wall = time.monotonic() - t0
-    lines = [line for line in (err.getvalue() + out.getvalue()).splitlines()
-             if line.startswith("error: ") or code == 0]
+    printed = (err.getvalue() + out.getvalue()).splitlines()
+    lines = [line for line in printed if line.startswith("error: ")] if code else (
+        [line for line in printed if line.startswith("store: ")] or printed)
     return code, wall, (lines[0] if lines else "")
 
 
@@ -68,7 +71,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--timeout", default="2", help="--request-timeout for every command (default 2)")
     parser.add_argument("--deadline", default="5", help="--request-deadline for every command (default 5)")
-    parser.add_argument("--commands", default="eval,predict", help="comma-separated: eval, predict")
+    parser.add_argument("--commands", default="eval,predict,tune", help="comma-separated: eval, predict, tune")
+    parser.add_argument("--modes", help="comma-separated fault modes to run (default: none and every mode)")
     parser.add_argument("--width", type=int, default=110, help="characters of the first line shown")
     args = parser.parse_args()
     import pipelines.scoring  # noqa: F401 - torch's import, paid once before the first timing
@@ -77,13 +81,17 @@ def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         store = make_store(Path(folder))
-        for mode in (None, *srv.FAULT_MODES):
+        modes = (None, *srv.FAULT_MODES) if not args.modes else [None if m == "none" else m for m in args.modes.split(",")]
+        for mode in modes:
             for command in args.commands.split(","):
                 with srv.OpenAICompatServer(srv.ScriptedBackend(rule), "scripted",
                                             faults=srv.Faults(mode=mode, retry_after="1")) as server:
                     served = ["--target-url", server.base_url, "--target-model", "scripted", *limits]
-                    argv = (["predict", "--task", TASK, "--store", store, *served, "--text", "WIN a prize now"]
-                            if command == "predict" else ["eval", "--task", TASK, *served])
+                    argv = {"predict": ["predict", "--task", TASK, "--store", store, *served, "--text", "WIN a prize now"],
+                            "eval": ["eval", "--task", TASK, *served],
+                            "tune": ["--task", TASK, "--steps", "1", "--candidates", "2", "--dev-examples", "4",
+                                     "--wandb-mode", "disabled", "--store", f"sqlite:///{folder}/tune-{mode}.sqlite",
+                                     "--run-dir", f"{folder}/run-{mode}", *served]}[command]
                     code, wall, first = run(argv)
                     since = time.monotonic() - server.request_times[0] if server.request_times else 0.0
                     first = first.replace(server.base_url, "URL")

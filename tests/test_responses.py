@@ -299,3 +299,29 @@ def test_a_test_evaluation_takes_the_decision_and_robustness_of_the_dev_one_and_
     assert again_target.stats.pairs_scored < fresh_target.stats.pairs_scored
     with pytest.raises(ValueError, match="another template"):
         again.evaluate(task.compose("Another instruction."), "test", latency=False, fitted=on_dev)
+
+
+def test_figures_never_measured_are_left_out_of_the_record_and_a_seed_without_latency_is_not_registered(tmp_path):
+    """A target that answered none of the probe requests validly (a server that lies: NaN log-probs) leaves the
+    latency NaN. The store keeps measured figures only, so the record leaves it out (the gate reads it as failing
+    its bar); and the seed is not registered as production with its figures unknown: the run stops, named."""
+    import dataclasses
+
+    from pipelines.engine.endpoints import EndpointError
+    from pipelines.promotion import promote, record
+    from pipelines.scoring import Latency
+    from templates.store import TemplateStore
+
+    task = risk_task("calibrated")
+    scorer, _ = scripted_scorer(task, EXAMPLES)
+    ev = scorer.evaluate(task.seed_template().text, "test", latency=False)
+    ev.latency = Latency(float("nan"), float("nan"), 1.0, 2.0)
+    ev = dataclasses.replace(ev, measured=dataclasses.replace(ev.measured, metrics={**ev.measured.metrics,
+                                                                                     "roc_auc": float("nan")}))
+    scores, latency = record(ev)
+    assert "latency_p95_ms" not in latency and latency["error_rate"] == 1.0 and "roc_auc" not in scores["test"]
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    with pytest.raises(EndpointError, match="answered none of the seed's test latency probes"):
+        promote(task, url, [ev], "run")
+    with TemplateStore(url) as store:
+        assert store.list_versions(task.name) == []
