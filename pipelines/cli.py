@@ -81,9 +81,13 @@ def escape(text: str, keep: str = "") -> str:
 
 
 def one_line(message: str, limit: int) -> str:
-    """An error message as one escaped line of at most ``limit`` characters."""
+    """An error message as one escaped line of at most ``limit`` characters. A longer one loses its middle, not
+    its end: a message names the problem first and the fix (the command to run) last."""
     message = escape(message)
-    return message if len(message) <= limit else message[: limit - 3] + "..."
+    if len(message) <= limit:
+        return message
+    head = (limit - 5) // 2
+    return message[:head] + " ... " + message[len(message) - (limit - 5 - head):]
 
 
 def table(rows: list[dict], columns: Sequence[str] | None = None) -> str:
@@ -957,7 +961,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("error: interrupted", file=sys.stderr)
         return 2
     except USER_ERRORS as exc:
-        print(f"error: {one_line(str(exc), 500)}", file=sys.stderr)
+        print(f"error: {one_line(str(exc), 800)}", file=sys.stderr)
         return 2
     except Exception as exc:  # a bug, or input no check foresaw: one line, unless asked for the traceback
         if args.debug or os.environ.get("TUNE_PROMPTS_DEBUG") == "1":

@@ -111,7 +111,8 @@ def test_the_reward_file_gets_the_run_s_model_sources_back(tmp_path, capsys):
     assert cluster_job.prepare_job(load_task("risk"), options, dry_run=True, json_output=True) == 0
     settings = json.loads((run_dir / "reward_settings.json").read_text())
     assert settings["target"] == {"url": served.url, "model": served.model, "api_key_env": "VLLM_KEY", "max_concurrency": 4,
-                                  "timeout_s": 30.0, "max_retries": 3, "top_logprobs": 20}
+                                  "timeout_s": 30.0, "max_retries": 3, "top_logprobs": 20, "deadline_s": 60.0,
+                                  "max_retry_after_s": 10.0, "breaker_failures": 8}
     assert model_source(settings["target"]) == served and model_source(settings["judge"]) == EMBEDDED
 
 
