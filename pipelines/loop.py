@@ -179,7 +179,7 @@ def _run(task, options, pool, learner, tokenizer, tracker, state: LoopState, run
         _save_checkpoint(run_dir, learner, state)
         steps.set_postfix(reward=f"{scalars['reward/total/mean']:.3f}", best=f"{state.leaderboard[0]['total_reward']:.3f}")
     steps.close()
-    if not options.choose:  # a study of the learning (scripts/bench_learning.py): the steps are all it needs
+    if not options.choose:  # a study of the learning (scripts/bench/learning.py): the steps are all it needs
         _save_checkpoint(run_dir, learner, state)
         return {"task": task.name, "run_dir": str(run_dir), "steps": state.step, "stopped": state.stopped,
                 "history": state.history, "learning": learning_table(state.history, state.sampled),
@@ -200,7 +200,7 @@ def _run(task, options, pool, learner, tokenizer, tracker, state: LoopState, run
     timings["timing/select_s"] = time.perf_counter() - t
     log(choice.verdict)
     learning = learning_table(state.history, state.sampled)
-    if not options.final_test:  # a caller that tests the choice itself (scripts/bench_tuning.py)
+    if not options.final_test:  # a caller that tests the choice itself (scripts/bench/tuning.py)
         state.charge("select", select_usage)
         _save_checkpoint(run_dir, learner, state)
         spent = state.spent()

@@ -31,8 +31,8 @@ task, each task's seed among them) against 116 degraded ones: 80 instructions th
 policy's fluent nonsense), 12 word salads, 12 shuffled hand-written ones and 12 with code or markup.
 ``COEFFICIENTS`` and ``INTERCEPT`` are an L2-regularised logistic regression (l2 = 1 on standardized features,
 folded back to raw units) fitted on the fixture's even-indexed items (84) and frozen;
-``scripts/bench_readability.py --fit`` refits and prints them. ROC-AUC, hand-written against all degraded, with
-the embedded model in bfloat16 on 2 AMD EPYC cores with AVX-512 BF16 (``scripts/bench_readability.py``; 95%
+``scripts/bench/readability.py --fit`` refits and prints them. ROC-AUC, hand-written against all degraded, with
+the embedded model in bfloat16 on 2 AMD EPYC cores with AVX-512 BF16 (``scripts/bench/readability.py``; 95%
 bootstrap intervals): whole fixture 0.981 [0.963, 0.994], held-out odd-indexed half 0.987 [0.964, 1.000], against
 past winners alone 0.972 (held-out half 0.981); word salad, shuffled and markup items 1.000. In float32 on the
 same machine: 0.980 and 0.987. Each feature alone (whole fixture / held-out half): pmi 0.941 / 0.946, fluency

@@ -17,9 +17,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from pipelines.config import TaskConfig  # noqa: E402
+from pipelines.config import TaskConfig
 
 DOC = REPO / "docs" / "tasks.md"
 HIDDEN = {"base_dir"}  # set by the loader (the task file's folder), never written in a task file

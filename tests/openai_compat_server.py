@@ -346,9 +346,7 @@ def _handler_for(server: OpenAICompatServer):
 if __name__ == "__main__":
     import argparse
     import sys
-    from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from pipelines.engine.models import EMBEDDED, load_causal_lm
 
     parser = argparse.ArgumentParser(description="Serve the embedded model over an OpenAI-compatible API on loopback.")

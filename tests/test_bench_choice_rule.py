@@ -1,16 +1,13 @@
-"""scripts/bench_choice_rule.py: the seed guard's paired test on dev, from pure code (no model)."""
+"""scripts/bench/choice_rule.py: the seed guard's paired test on dev, from pure code (no model)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "scripts"))
-
-import bench_choice_rule as rule  # noqa: E402
+from bench import choice_rule as rule
 
 LABELS = ["low", "high"]
 

@@ -1,25 +1,26 @@
-"""scripts/bench_paired.py: seed-by-seed differences read from a bench ledger (pure logic, a written ledger)."""
+"""scripts/bench/paired.py: seed-by-seed differences read from a bench ledger (pure logic, a written ledger)."""
 import json
 import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import bench_paired  # noqa: E402
-import bench_tuning  # noqa: E402
+from bench import paired as bench_paired
+from bench import tuning as bench_tuning
 
 
-def write_ledger(path, fingerprint, task, figures, metric="balanced_accuracy", kept=None):
-    """figures: {(method, seed): the task's metric} -> search and test records as bench_tuning writes them
-    (a generation task's test record has its own metric and no ROC-AUC); kept: {(method, seed): contract rate}."""
+def write_ledger(path, fingerprint, task, figures, metric="balanced_accuracy", kept=None, scorer=None):
+    """figures: {(method, seed): the task's metric} -> search and test records as bench.tuning writes them
+    (a generation task's test record has its own metric and no ROC-AUC); kept: {(method, seed): contract rate};
+    scorer: the searches are a method's (``fingerprint``) made under this scorer's, which holds the tests (as
+    bench.ledger writes them); None: one fingerprint for both, as the ledgers written before it."""
     with path.open("a") as f:
         for (method, seed), value in figures.items():
             template = f"{method} {seed} {value}\n{{text}}"
             auc = value + 0.1 if metric == "balanced_accuracy" else None
-            f.write(json.dumps({"fingerprint": fingerprint, "key": f"{task}/seed {seed}/{method}", "kind": "search",
+            f.write(json.dumps({"fingerprint": fingerprint, **({"scorer": scorer} if scorer else {}),
+                                "key": f"{task}/seed {seed}/{method}", "kind": "search",
                                 "template": template, "calls": 10}) + "\n")
-            f.write(json.dumps({"fingerprint": fingerprint, "key": bench_tuning.test_key(task, template),
+            f.write(json.dumps({"fingerprint": scorer or fingerprint, "key": bench_tuning.test_key(task, template),
                                 "kind": "test", "wall_s": 1.0, metric: value, "roc_auc": auc,
                                 "instruction_following": (kept or {}).get((method, seed), 0.9),
                                 "readability": 0.3, "instruction": "Read."}) + "\n")
@@ -99,7 +100,7 @@ def test_with_the_seed_ranked_a_choice_ships_only_if_its_dev_reward_beats_the_se
     args = ["--ledger", str(ledger), "--a", "PPO@ffff", "--b", "best-of-N@ffff", "--seed-ranked", "--out", str(out)]
     assert bench_paired.main(args) == 2  # no dev records yet: says which script writes them
     err = capsys.readouterr().err
-    assert "bench_seed_in_ranking.py" in err and len(err.strip().splitlines()) == 1 and not out.exists()
+    assert "seed_in_ranking" in err and len(err.strip().splitlines()) == 1 and not out.exists()
     add_dev_rewards(ledger, "ffff6666", "snippets", {
         ("seed", 0, 0.42): -0.9, ("seed", 1, 0.42): -0.9,
         ("PPO", 0, 0.58): -2.5,        # under the seed on dev: the seed ships
@@ -131,16 +132,15 @@ def test_a_missing_ledger_exits_2(tmp_path, capsys):
     assert "cannot read ledger" in capsys.readouterr().err
 
 
-def test_a_generation_tasks_dspy_rows_see_the_tasks_own_records(tmp_path):
-    """DSPy on a generation task is recorded under a fingerprint of its own (bench_tuning.peer_fingerprint); the
-    gate still finds the task's seed template under the task's fingerprint."""
+def test_a_methods_searches_see_the_scorers_records(tmp_path):
+    """A method's searches are recorded under a fingerprint of its own (bench.ledger.method_fingerprint), its
+    tests under the scorer's; the gate still finds the seed template, searched under another method's."""
     ledger, out = tmp_path / "ledger.jsonl", tmp_path / "pairs.json"
-    base = "ffff6666aaaa0000"
-    peer = bench_tuning.peer_fingerprint(base)
+    base, peer = "ffff6666aaaa0000", "eeee5555bbbb1111"
     write_ledger(ledger, base, "callback", {("seed", 0): 0.70, ("seed", 1): 0.70, ("PPO", 0): 0.72, ("PPO", 1): 0.66},
                  metric="field_exact_match")
     write_ledger(ledger, peer, "callback", {("DSPy COPRO", 0): 0.60, ("DSPy COPRO", 1): 0.68},
-                 metric="field_exact_match", kept={("DSPy COPRO", 0): 0.5})
+                 metric="field_exact_match", kept={("DSPy COPRO", 0): 0.5}, scorer=base)
     args = ["--ledger", str(ledger), "--a", "PPO@ffff", "--b", f"DSPy COPRO@{peer[:8]}", "--out", str(out)]
     assert bench_paired.main(args) == 0
     units = json.loads(out.read_text())["units"]["callback"]
@@ -150,16 +150,16 @@ def test_a_generation_tasks_dspy_rows_see_the_tasks_own_records(tmp_path):
     assert [round(u["a"] - u["b"], 3) for u in units] == [0.02, -0.02]
 
 
-def test_seed_in_ranking_finds_a_generation_tasks_dspy_choices_in_their_own_ledger(tmp_path):
-    import bench_seed_in_ranking
+def test_seed_in_ranking_finds_each_methods_choices_in_its_own_ledger(tmp_path):
+    from bench import seed_in_ranking as bench_seed_in_ranking
 
     path = tmp_path / "ledger.jsonl"
-    base = "ffff6666aaaa0000"
-    write_ledger(path, base, "callback", {("PPO", 0): 0.72, ("DSPy COPRO", 0): 0.1}, metric="field_exact_match")
-    write_ledger(path, bench_tuning.peer_fingerprint(base), "callback", {("DSPy COPRO", 0): 0.60},
-                 metric="field_exact_match")
-    tested = json.loads(path.read_text().splitlines()[-1])  # the bench tests every choice under the task's fingerprint
-    path.write_text(path.read_text() + json.dumps({**tested, "fingerprint": base}) + "\n")
+    base, ppo, copro = "ffff6666aaaa0000", "1111", "2222"
+    write_ledger(path, base, "callback", {("PPO", 0): 0.1, ("DSPy COPRO", 0): 0.1}, metric="field_exact_match")
+    write_ledger(path, ppo, "callback", {("PPO", 0): 0.72}, metric="field_exact_match", scorer=base)
+    write_ledger(path, copro, "callback", {("DSPy COPRO", 0): 0.60}, metric="field_exact_match", scorer=base)
     ledger = bench_tuning.Ledger(str(path), base)
-    found = bench_seed_in_ranking.choices_in(ledger, "callback", [0], bench_tuning.peer_ledger(ledger))
+    searches = {m: bench_tuning.Ledger(str(path), {"PPO": ppo, "DSPy COPRO": copro}.get(m, "none"), scorer=base)
+                for m in bench_tuning.METHODS}
+    found = bench_seed_in_ranking.choices_in(ledger, searches, "callback", [0])
     assert {m: t.split()[-2] for (_, m), t in found.items()} == {"PPO": "0.72", "DSPy COPRO": "0.6"}

@@ -1,4 +1,4 @@
-"""scripts/bench_tuning.py --quick: every method at one budget on the small test task, the table's shape, and
+"""scripts/bench/tuning.py --quick: every method at one budget on the small test task, the table's shape, and
 that no method spent more than its budget (the script checks both and exits 2 otherwise; so does this test)."""
 
 from __future__ import annotations
@@ -12,9 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "scripts"))
-
-import bench_tuning  # noqa: E402
+from bench import tuning as bench_tuning
 
 
 def test_the_bootstrap_interval_holds_the_mean_and_is_the_value_for_one_seed():
@@ -46,7 +44,7 @@ def test_the_ledger_reads_back_only_its_own_fingerprint_and_survives_a_cut_line(
 @pytest.mark.e2e
 def test_quick_bench_runs_every_method_within_one_budget(tmp_path):
     out, ledger = tmp_path / "rows.json", tmp_path / "ledger.jsonl"
-    command = [sys.executable, str(REPO / "scripts" / "bench_tuning.py"), "--quick", "--ledger", str(ledger)]
+    command = [sys.executable, "-m", "bench.tuning", "--quick", "--ledger", str(ledger)]
     done = subprocess.run([*command, "--out", str(out)], capture_output=True, text=True, cwd=REPO, timeout=1500)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads(out.read_text())
@@ -94,6 +92,7 @@ def scripted(monkeypatch):
     monkeypatch.setattr(ray_scoring, "init_ray", lambda: None)
     monkeypatch.setattr(bench_tuning, "run_method", lambda method, task, splits, budget, plan, seed, options:
                         done.searches.append((task, seed, method)) or bench_tuning.Outcome(f"{method} {seed}", 1, 0.1))
+    monkeypatch.setattr(bench_tuning, "probe", lambda *a: ["the probe's outputs"])  # no model load
     monkeypatch.setattr(bench_tuning, "test_figures", lambda task, text: {
         task.scoring.metric: 0.5, "roc_auc": None if task.is_generation else 0.6, "instruction_following": 1.0,
         "readability": 0.4, "instruction": text})
@@ -162,10 +161,13 @@ def test_a_bad_set_exits_2_with_one_line_and_runs_nothing(setting, message, tmp_
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0] and not ledger.exists()
 
 
-def test_on_a_generation_task_the_dspy_rows_have_a_fingerprint_of_their_own(tmp_path, scripted, monkeypatch):
-    """DSPy on a generation task (JSON contract) runs through scripts/dspy_generation_peer.py; its searches are
-    recorded under the task's fingerprint with that code added (their tests under the task's own), so a
-    change to the generation peer voids its rows only and the project's methods are read back."""
+def test_each_method_has_a_fingerprint_of_its_own_and_a_change_to_its_code_reruns_only_its_searches(
+        tmp_path, scripted, monkeypatch):
+    """Searches are recorded under their method's fingerprint (the scorer's plus the method's own code), tests under
+    the scorer's. DSPy on a generation task (JSON contract) runs through scripts/bench/peers/dspy_generation.py:
+    a change to it runs only the DSPy searches again; a changed probe output runs everything again."""
+    from bench import ledger as bench_ledger
+    from bench import paired as bench_paired
     from pipelines.config import RunOptions
 
     monkeypatch.setattr(bench_tuning, "run_dspy_generation", lambda task, splits, method, budget, seed, target, policy:
@@ -175,27 +177,29 @@ def test_on_a_generation_task_the_dspy_rows_have_a_fingerprint_of_their_own(tmp_
     ledger = tmp_path / "ledger.jsonl"
 
     def bench():
-        return bench_tuning.bench_task(str(REPO / "tests" / "data" / "transactions_json.yaml"), [0], None, options,
-                                       0, str(ledger), log=lambda *a: None)
+        scripted.searches.clear()
+        bench_tuning.bench_task(str(REPO / "tests" / "data" / "transactions_json.yaml"), [0], None, options, 0,
+                                str(ledger), log=lambda *a: None)
+        return [m for _, _, m in scripted.searches]
 
-    rows = bench()
-    assert [m for _, _, m in scripted.searches] == ["seed", "best-of-N", "OPRO", "PPO", "dspy copro", "dspy miprov2"]
-    assert [r["method"] for r in rows] == list(bench_tuning.METHODS) and bench_tuning.check(rows, ["t"]) == []
-    assert all(r["seeds"] == 1 and r["roc_auc"] is None for r in rows)
+    assert bench() == ["seed", "best-of-N", "OPRO", "PPO", "dspy copro", "dspy miprov2"]
     records = [json.loads(line) for line in ledger.read_text().splitlines()]
-    dspy_searches = [r for r in records if r["kind"] == "search" and "DSPy" in r["key"]]
-    base = {r["fingerprint"] for r in records if r["kind"] == "search" and "DSPy" not in r["key"]}
-    peer = {r["fingerprint"] for r in dspy_searches}
-    assert len(base) == 1 and len(peer) == 1 and base != peer
-    import bench_paired  # what reads the rows: the DSPy choices' tests, under the task's fingerprint, with them
-
-    (peer_print,) = peer
-    found = bench_paired.choices(bench_paired.read_ledgers([str(ledger)])[peer_print], "DSPy COPRO")
+    searches = {r["key"].split("/")[-1]: r for r in records if r["kind"] == "search"}
+    assert len({r["fingerprint"] for r in searches.values()}) == len(bench_tuning.METHODS)
+    tests = {r["fingerprint"] for r in records if r["kind"] == "test"}
+    assert len(tests) == 1 and {r["scorer"] for r in searches.values()} == tests
+    # what reads the rows: the DSPy choices' tests, under the scorer's fingerprint, with them
+    found = bench_paired.choices(bench_paired.read_ledgers([str(ledger)])[searches["DSPy COPRO"]["fingerprint"]],
+                                 "DSPy COPRO")
     assert [t["instruction"] for t in found.values()] == ["dspy copro 0"]  # the stand-in figures name the template
+    assert bench() == []  # everything read back
 
-    scripted.searches.clear()
-    changed = tmp_path / "dspy_generation_peer.py"
-    changed.write_text(bench_tuning.PEER_FILE.read_text() + "\n# changed\n")
-    monkeypatch.setattr(bench_tuning, "PEER_FILE", changed)
-    bench()
-    assert [m for _, _, m in scripted.searches] == ["dspy copro", "dspy miprov2"]  # only the peer's rows run again
+    code_of = bench_ledger.code_of
+    monkeypatch.setattr(bench_ledger, "code_of", lambda unit, root=None: code_of(unit, root)
+                        + ("changed" if unit == "bench.peers.dspy_generation" else ""))
+    assert bench() == ["dspy copro", "dspy miprov2"]  # only the generation peer's rows run again
+    monkeypatch.setattr(bench_ledger, "code_of", lambda unit, root=None: code_of(unit, root)
+                        + ("changed" if unit == "pipelines.loop" else ""))
+    assert bench() == ["PPO"]
+    monkeypatch.setattr(bench_tuning, "probe", lambda *a: ["another scorer output"])
+    assert bench() == ["seed", "best-of-N", "OPRO", "PPO", "dspy copro", "dspy miprov2"]

@@ -13,6 +13,7 @@ How a ```yaml block is checked depends on the HTML comment on the line just abov
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import shlex
@@ -26,9 +27,10 @@ from pipelines.cli import main
 from pipelines.config import TaskConfig, builtin_tasks, load_task
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
-
-import gen_task_docs  # noqa: E402
+# scripts/ is not a package: the generator is loaded by path
+_spec = importlib.util.spec_from_file_location("gen_task_docs", REPO / "scripts" / "gen_task_docs.py")
+gen_task_docs = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(gen_task_docs)
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 FILE_MARK = re.compile(r"<!--\s*file:\s*(\S+)\s*-->")

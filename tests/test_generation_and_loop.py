@@ -97,18 +97,3 @@ def test_a_run_folder_is_never_overwritten(tmp_path, capsys):
     assert "already holds a run" in capsys.readouterr().err
     assert main(["--task", "risk", "--run-dir", str(tmp_path / "empty"), "--resume", "--no-store"]) == 2
     assert "no checkpoint" in capsys.readouterr().err
-
-
-def test_the_opro_meta_prompt_shows_the_best_instructions_worst_first_with_their_scores():
-    from pipelines.config import load_task
-    from pipelines.generation import history_meta_prompt
-
-    task = load_task("risk")
-    scored = [(f"rule {i}", i / 10) for i in range(8)] + [("rule 1", 0.95)]  # a repeat keeps its best score
-    prompt = history_meta_prompt(task, scored, top=3)
-    lines = prompt.splitlines()
-    assert lines[0] == task.generation.meta_prompt.splitlines()[0] and task.description.strip() in prompt
-    shown = [line for line in lines if line.startswith("Instruction:")]
-    assert shown == ['Instruction: "rule 6" Score: 0.60', 'Instruction: "rule 7" Score: 0.70',
-                     'Instruction: "rule 1" Score: 0.95']
-    assert lines[-1].startswith("Write a new instruction")

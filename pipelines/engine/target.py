@@ -28,7 +28,7 @@ every position over the whole vocabulary. ``LabelScorer.score`` computes the sam
 prefix once per template, the example suffixes in padded batches (in float32 their pass's label log-probs are
 cached for ``score`` on the way), then one token's pass per new token (``_greedy``). An answer stops at the
 model's end of sequence, as soon as the caller's ``complete`` says its parse cannot change (the first word of a
-label answer), or at the token limit (``truncated``). ``scripts/bench_scoring.py`` compares it with
+label answer), or at the token limit (``truncated``). ``scripts/bench/scoring.py`` compares it with
 ``model.generate`` per pair.
 
 Equivalence: the shared prefix is cut on a token boundary of the full prompt's own tokenization (checked

@@ -1,5 +1,5 @@
 """DSPy's COPRO and MIPROv2 as peers of this project's tuning methods: instruction only, zero demos, at a budget
-of target calls (``scripts/bench_tuning.py``'s DSPy rows). Needs the optional extra: ``pip install -e .[bench]``.
+of target calls (``scripts/bench/tuning.py``'s DSPy rows). Needs the optional extra: ``pip install -e .[bench]``.
 
 Why an adapter. DSPy optimizes a *program*: a ``dspy.Predict`` whose signature holds an instruction, run through
 a ``dspy.Adapter`` (which turns the signature and inputs into chat messages, and the completion back into output

@@ -10,10 +10,10 @@ the mean of each and a 95% interval over the seeds (Student's t; with 3 seeds it
 --code runs another checkout of this project (e.g. a `git worktree` of an earlier commit), so the same script
 compares two versions of the default run on the same machine, one after the other:
 
-    .venv/bin/python scripts/bench_default_run.py --task risk --seeds 0 1 2
+    .venv/bin/python -m bench.default_run --task risk --seeds 0 1 2
     git worktree add --detach /tmp/before <commit>
-    .venv/bin/python scripts/bench_default_run.py --task risk --seeds 0 1 2 --code /tmp/before
-    .venv/bin/python scripts/bench_default_run.py --task /tmp/long/long_risk.yaml --seeds 0   # long inputs
+    .venv/bin/python -m bench.default_run --task risk --seeds 0 1 2 --code /tmp/before
+    .venv/bin/python -m bench.default_run --task /tmp/long/long_risk.yaml --seeds 0   # long inputs
 
 Wall times are only comparable between runs on the same quiet machine; the figures are the held-out split's.
 """
@@ -30,9 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from pipelines.cli import table  # noqa: E402
+from bench import REPO
+from pipelines.cli import table
 
 # Student's t, two-sided 95%, by degrees of freedom
 _T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
@@ -78,7 +77,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", default="risk", help="a built-in task or a task YAML (default risk)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--code", default=str(Path(__file__).resolve().parents[1]),
+    parser.add_argument("--code", default=str(REPO),
                         help="the checkout whose tune-prompts runs (default: this one)")
     parser.add_argument("--out", help="also write the rows as JSON here")
     args, extra = parser.parse_known_args()

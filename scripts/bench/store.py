@@ -1,6 +1,6 @@
 """Benchmark the template store's serving path on a temporary SQLite store.
 
-    python scripts/bench_store.py [--calls 100000] [--loads 200] [--promotions 100]
+    python scripts/bench/store.py [--calls 100000] [--loads 200] [--promotions 100]
 
 Prints p50/p99 of a cached lookup+render, of a routing decision, of the first lookup after a
 label move (the "hot load"), and the time from a promotion in one process to its visibility in a
@@ -24,17 +24,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from templates.decision import DecisionRule  # noqa: E402
-from templates.gate import Decision, percentile  # noqa: E402
-from templates.routing import takes_canary  # noqa: E402
-from templates.serving import TemplateReader  # noqa: E402
-from templates.store import TemplateStore  # noqa: E402
-from templates.template import Template  # noqa: E402
+from bench import REPO
+from templates.decision import DecisionRule
+from templates.gate import Decision, percentile
+from templates.routing import takes_canary
+from templates.serving import TemplateReader
+from templates.store import TemplateStore
+from templates.template import Template
 
 TEXT = (
     "You are a compliance analyst. Read the customer message below and decide whether it describes a "

@@ -19,7 +19,7 @@ The machine may be shared: the settings to compare run one right after the other
 each figure is the fastest of the rounds. The defaults took 188 s on 2 AVX2 cores (float32) that another job
 was using too.
 
-    .venv/bin/python scripts/bench_endpoints.py [--examples 48] [--latency-ms 0 50] [--concurrency 1 8] [--json]
+    .venv/bin/python -m bench.endpoints [--examples 48] [--latency-ms 0 50] [--concurrency 1 8] [--json]
 """
 
 from __future__ import annotations
@@ -29,12 +29,9 @@ import importlib.util
 import json
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from pipelines.cli import quiet_libraries, table  # noqa: E402
+from bench import REPO as ROOT
+from pipelines.cli import quiet_libraries, table
 
 
 def load_server_module():

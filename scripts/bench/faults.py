@@ -1,6 +1,6 @@
 """Every fault mode of the loopback test server x (eval, predict, tune): exit code, wall time, first line printed.
 
-    python scripts/bench_faults.py [--timeout 2] [--deadline 5] [--commands eval,predict,tune]
+    python scripts/bench/faults.py [--timeout 2] [--deadline 5] [--commands eval,predict,tune]
 
 A scripted server (tests/openai_compat_server.py, no model) breaks every completion request one way
 (``FAULT_MODES``); the commands run in this process through ``pipelines.cli.main`` against it, with
@@ -26,13 +26,11 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from pipelines import cli  # noqa: E402
-from pipelines.config import load_task  # noqa: E402
-from templates.decision import DecisionRule  # noqa: E402
-from templates.store import TemplateStore  # noqa: E402
+from bench import REPO
+from pipelines import cli
+from pipelines.config import load_task
+from templates.decision import DecisionRule
+from templates.store import TemplateStore
 
 _spec = importlib.util.spec_from_file_location("openai_compat_server", REPO / "tests" / "openai_compat_server.py")
 srv = importlib.util.module_from_spec(_spec)
@@ -100,7 +98,7 @@ def main() -> int:
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())
     print(f"{cpu}, {len(Path('/proc/cpuinfo').read_text().split('processor')) - 1} cores; "
-          f"python scripts/bench_faults.py --timeout {args.timeout} --deadline {args.deadline}\n")
+          f"python scripts/bench/faults.py --timeout {args.timeout} --deadline {args.deadline}\n")
     print("| mode | command | exit | wall s | s after 1st request | first line |")
     print("| --- | --- | --- | --- | --- | --- |")
     for mode, command, code, wall, since, first in rows:

@@ -8,12 +8,12 @@ no candidate of a search beats the seed, it still ships the best candidate, one 
 whenever its whole-dev reward is at least the best candidate's. Scoring is greedy and deterministic, so that rule
 can be applied after the fact: this measures the seed and every method's choice in the ledger on the same selection
 sample with the same reward (one `Scorer.measure(..., whole_dev=True)` each, no search runs again) and appends a
-``dev`` record per template to the ledger, under the bench's fingerprint. `scripts/bench_paired.py --seed-ranked`
+``dev`` record per template to the ledger, under the bench's fingerprint. `scripts/bench/paired.py --seed-ranked`
 then compares what each method would ship under the rule, seed by seed, from the ledger's test records.
 
-    .venv/bin/python scripts/bench_seed_in_ranking.py --ledger scripts/results/bench_tuning_bf16.jsonl \\
+    .venv/bin/python -m bench.seed_in_ranking --ledger scripts/bench/results/bench_tuning_bf16.jsonl \\
         --tasks risk sentiment snippets callback
-    .venv/bin/python scripts/bench_paired.py --ledger scripts/results/bench_tuning_bf16.jsonl --seed-ranked \\
+    .venv/bin/python -m bench.paired --ledger scripts/bench/results/bench_tuning_bf16.jsonl --seed-ranked \\
         --a PPO@9d25,264f,7d00,3b0d --b best-of-N@9d25,264f,7d00,3b0d
 
 Options as `bench_tuning.py` was run (they make its fingerprint); a template already measured is read back.
@@ -26,12 +26,8 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
-
-import bench_tuning as bench  # noqa: E402
-from pipelines.cli import quiet_libraries, table  # noqa: E402
+from bench import tuning as bench
+from pipelines.cli import quiet_libraries, table
 
 
 def dev_key(task_name: str, text: str) -> str:
@@ -45,14 +41,13 @@ def ships(choice_reward: float | None, seed_reward: float | None) -> bool:
     return choice_reward is not None and seed_reward is not None and choice_reward > seed_reward
 
 
-def choices_in(ledger, task_name: str, seeds: list[int], peer=None) -> dict[tuple[int, str], str]:
-    """(seed, method) -> the template each finished search chose, where its test record exists too; ``peer``: the
-    ledger of a generation task's DSPy rows (``bench_tuning.peer_ledger``), whose choices are tested in ``ledger``."""
+def choices_in(ledger, searches, task_name: str, seeds: list[int]) -> dict[tuple[int, str], str]:
+    """(seed, method) -> the template each finished search chose, where its test record exists too: ``searches``
+    holds each method's ledger of searches, ``ledger`` the scorer's, with the tests (``bench.tuning.open_ledgers``)."""
     found = {}
     for seed in seeds:
         for method in bench.METHODS[1:]:
-            searches = peer if peer is not None and method.startswith("DSPy") else ledger
-            record = searches.get(f"{task_name}/seed {seed}/{method}")
+            record = searches[method].get(f"{task_name}/seed {seed}/{method}")
             if record and record.get("template") and ledger.get(bench.test_key(task_name, record["template"])):
                 found[seed, method] = record["template"]
     return found
@@ -65,9 +60,9 @@ def measure_task(name: str, seeds: list[int], options, test_examples: int, ledge
 
     base, splits, _ = bench.load_bench_splits(load_task(name), test_examples)
     plan = estimate(base, options, splits, scoring_tokenizer(options.target))
-    ledger = bench.Ledger(ledger_path, bench.fingerprint(base, options, bench.default_budget(plan, options), splits))
+    ledger, searches = bench.open_ledgers(ledger_path, base, options, bench.default_budget(plan, options), splits)
     seed_text = base.seed_template().text
-    found = choices_in(ledger, base.name, seeds, bench.peer_ledger(ledger) if base.is_generation else None)
+    found = choices_in(ledger, searches, base.name, seeds)
     if not found or ledger.get(bench.test_key(base.name, seed_text)) is None:
         log(f"{name}: no finished searches with test figures in {ledger_path} for fingerprint {ledger.fingerprint}")
         return []

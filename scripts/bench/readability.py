@@ -10,26 +10,23 @@ Reads the calibration fixture (tests/data/readability_fixture.yaml), scores ever
   four built-in seed instructions' scores;
 * the time to score 16 instructions (median of 5) and the dtype and CPU it ran on.
 
-    .venv/bin/python scripts/bench_readability.py          # report the module's frozen coefficients
-    .venv/bin/python scripts/bench_readability.py --fit    # also refit on the even half and print the constants
+    .venv/bin/python -m bench.readability          # report the module's frozen coefficients
+    .venv/bin/python -m bench.readability --fit    # also refit on the even half and print the constants
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from rewards import readability as R  # noqa: E402
-from rewards.promptbench_metrics import roc_auc  # noqa: E402
+from bench import REPO
+from rewards import readability as R
+from rewards.promptbench_metrics import roc_auc
 
 FIXTURE = REPO / "tests" / "data" / "readability_fixture.yaml"
 TASKS = ("risk", "sentiment", "snippets", "callback")

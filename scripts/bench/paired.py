@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Two methods of scripts/bench_tuning.py compared seed by seed, from its ledger (nothing runs again).
+"""Two methods of scripts/bench/tuning.py compared seed by seed, from its ledger (nothing runs again).
 
 Each bench seed is one unit: both methods searched with it, at the same budget, and were tested on the same
 held-out split. So the difference on that seed is one paired observation, and the mean difference over seeds,
@@ -11,10 +11,10 @@ An arm is ``METHOD@FP[,FP...]``: the method's choices under those fingerprints (
 enough). The i-th fingerprint of --a is paired with the i-th of --b, seed by seed, within each task:
 
     # PPO against best-of-N, in two runs of risk and sentiment (4 fingerprints)
-    .venv/bin/python scripts/bench_paired.py --ledger scripts/results/bench_tuning.jsonl scripts/results/bench_tuning_bf16.jsonl \
+    .venv/bin/python -m bench.paired --ledger scripts/bench/results/bench_tuning.jsonl scripts/bench/results/bench_tuning_bf16.jsonl \
         --a PPO@b933,8871,9d25,264f --b best-of-N@b933,8871,9d25,264f
     # RLOO against GAE: the variant's fingerprint against the plain task's
-    .venv/bin/python scripts/bench_paired.py --a PPO@34090fb4 --b PPO@b933b43b   # the float32 ledger, the default
+    .venv/bin/python -m bench.paired --a PPO@34090fb4 --b PPO@b933b43b   # the float32 ledger, the default
 
 Per task: the pairs, each arm's mean, the mean difference A - B and its interval; then the mean over tasks of
 the per-task mean differences, with an interval that resamples seeds within each task.
@@ -26,7 +26,7 @@ that threshold is applied (the ledger holds no entity-consistency rate), so this
 
 ``--seed-ranked`` compares what each method would ship with the seed template in its choice's ranking: a choice whose
 whole-dev reward does not beat the seed template's counts as the seed template. The rewards are the ledger's ``dev``
-records, written by ``scripts/bench_seed_in_ranking.py``. With ``--gate`` too, the ranking comes first.
+records, written by ``scripts/bench/seed_in_ranking.py``. With ``--gate`` too, the ranking comes first.
 """
 
 from __future__ import annotations
@@ -37,16 +37,14 @@ import random
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
-
-import bench_seed_in_ranking  # noqa: E402
-import bench_tuning as bench  # noqa: E402
-from pipelines.cli import table  # noqa: E402
+from bench import REPO
+from bench import seed_in_ranking as bench_seed_in_ranking
+from bench import tuning as bench
+from pipelines.cli import table
 
 METRICS = ("task", "balanced_accuracy", "roc_auc")
 # what a test record holds besides the task's own metric (bench_tuning.test_figures and the ledger's bookkeeping)
-NOT_THE_TASK_METRIC = {"fingerprint", "key", "kind", "wall_s", "roc_auc", "instruction_following", "readability",
+NOT_THE_TASK_METRIC = {"fingerprint", "scorer", "key", "kind", "wall_s", "roc_auc", "instruction_following", "readability",
                        "instruction"}
 
 
@@ -66,8 +64,10 @@ class InputError(ValueError):
 
 
 def read_ledgers(paths: list[str]) -> dict[str, dict[str, dict]]:
-    """fingerprint -> key -> record, over every ledger given (a later record of a key wins, as in bench_tuning)."""
+    """fingerprint -> key -> record, over every ledger given (a later record of a key wins, as in bench.tuning); a
+    method's fingerprint also holds the records of the scorer's it names (``bench.ledger``)."""
     records: dict[str, dict[str, dict]] = {}
+    scorers: dict[str, str] = {}  # a method's fingerprint -> the scorer's its searches were made under
     for path in paths:
         try:
             lines = Path(path).read_text().splitlines()
@@ -81,10 +81,10 @@ def read_ledgers(paths: list[str]) -> dict[str, dict[str, dict]]:
                 continue  # a line cut short by a killed run: bench_tuning skips it too
             if isinstance(record, dict) and {"fingerprint", "key"} <= record.keys():
                 records.setdefault(record["fingerprint"], {})[record["key"]] = record
-    for fingerprint in list(records):  # a generation task's DSPy rows see the task's records (seed, tests, dev)
-        peer = bench.peer_fingerprint(fingerprint)
-        if peer in records:
-            records[peer] = {**records[fingerprint], **records[peer]}
+                if record.get("scorer"):
+                    scorers[record["fingerprint"]] = record["scorer"]
+    for fingerprint, scorer in scorers.items():  # a method's searches see the scorer's records (seed, tests, dev)
+        records[fingerprint] = {**records.get(scorer, {}), **records[fingerprint]}
     return records
 
 
@@ -128,7 +128,7 @@ def seed_ranked(records: dict[str, dict], found: dict[tuple[str, int], dict],
         rewards = [records.get(dev_key_of(record)) for record in (test, seeds[cell])]
         if any(r is None for r in rewards):
             raise InputError(f"no whole-dev reward in the ledger for the {cell[0]} seed-{cell[1]} choice or the seed "
-                             "template; run scripts/bench_seed_in_ranking.py --ledger on this ledger first")
+                             "template; run scripts/bench/seed_in_ranking.py --ledger on this ledger first")
         kept[cell] = test if bench_seed_in_ranking.ships(rewards[0]["total_reward"], rewards[1]["total_reward"]) \
             else seeds[cell]
     return kept
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--a", required=True, help="METHOD@FP[,FP...]: the first arm, e.g. PPO@b933b43b")
     parser.add_argument("--b", required=True, help="METHOD@FP[,FP...]: the second arm, paired fingerprint by fingerprint")
-    parser.add_argument("--ledger", nargs="+", default=[str(REPO / "scripts/results/bench_tuning.jsonl")],
+    parser.add_argument("--ledger", nargs="+", default=[str(REPO / "scripts/bench/results/bench_tuning.jsonl")],
                         help="ledger file(s) written by bench_tuning.py --ledger (default: the committed one)")
     parser.add_argument("--metric", choices=METRICS, default="task",
                         help="the held-out figure compared (default: task, each task's own metric under its decision: "
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed-ranked", action="store_true",
                         help="compare what would ship with the seed template in the choice's ranking: a choice whose "
                              "whole-dev reward does not beat the seed's counts as the seed (needs the ledger's dev "
-                             "records: run scripts/bench_seed_in_ranking.py first)")
+                             "records: run scripts/bench/seed_in_ranking.py first)")
     parser.add_argument("--out", help="write the pairs and the summary as JSON here")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     args = parser.parse_args(argv)

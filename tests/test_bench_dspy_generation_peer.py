@@ -1,10 +1,9 @@
-"""scripts/dspy_generation_peer.py: DSPy's COPRO and MIPROv2 on a generation task, scored per example by the task's
+"""scripts/bench/peers/dspy_generation.py: DSPy's COPRO and MIPROv2 on a generation task, scored per example by the task's
 production figure against the reference. The target and proposer are scripted (``LocalLM._generate`` replaced)."""
 
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,14 +11,12 @@ import pytest
 dspy = pytest.importorskip("dspy")
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "scripts"))
 
-import dspy_generation_peer as peer  # noqa: E402
-
-from pipelines.config import load_task  # noqa: E402
-from pipelines.data import load_splits  # noqa: E402
-from pipelines.dspy_peer import UNPARSED, LocalLM  # noqa: E402
-from pipelines.engine.models import LoadedLM, load_tokenizer  # noqa: E402
+from bench.peers import dspy_generation as peer
+from bench.peers.dspy import UNPARSED, LocalLM
+from pipelines.config import load_task
+from pipelines.data import load_splits
+from pipelines.engine.models import LoadedLM, load_tokenizer
 
 NUMBER = re.compile(r"\+?\d(?:[ -]?\d){4,14}")
 

@@ -7,14 +7,13 @@ evaluated on the task's test split, which no method reads, under the task's prod
   * best-of-N  rounds of `candidates_per_step` instructions from the untrained policy with the seed meta-prompt,
                as many rounds as the budget pays for;
   * OPRO       the same rounds, but each meta-prompt shows the best instructions so far with their rewards
-               (`pipelines.generation.history_meta_prompt`), the untrained policy writing;
+               (`bench.opro.history_meta_prompt`), the untrained policy writing;
   * PPO        `pipelines.loop.tune` with the budget (`--max-target-calls`): as many steps as it pays for;
   * DSPy COPRO, DSPy MIPROv2: the dspy library's optimizers as shipped, instruction only and zero demos, through
-               `pipelines.dspy_peer` (an adapter to the in-process target model, prompted and parsed as here; the
+               `bench.peers.dspy` (an adapter to the in-process target model, prompted and parsed as here; the
                proposer is the same untrained policy model); their own choice, by their own search on train (and
-               for MIPROv2 dev) examples; on a generation task through `scripts/dspy_generation_peer.py`
-               (scored per example by the task's figure against the reference; its rows have a fingerprint of
-               their own, see below). Without the optional extra (`bash scripts/setup.sh --bench`) their rows
+               for MIPROv2 dev) examples; on a generation task through `scripts/bench/peers/dspy_generation.py`
+               (scored per example by the task's figure against the reference). Without the optional extra (`bash scripts/setup.sh --bench`) their rows
                say "not run": the table keeps its shape.
 The project's methods score candidates through the same racing pool (`pipelines.racing`) and choose among them
 the same way (`pipelines.choice.choose`: the gate's bars on the whole dev split, the seed in the race).
@@ -31,14 +30,14 @@ more than its budget, or a row is missing.
 
 A full run takes hours on a small machine. With ``--ledger FILE`` each search and each test evaluation is
 appended to FILE as it finishes, and a later run with the same settings reads them back instead of running
-them again; a record counts only when its fingerprint matches: the code of pipelines/, rewards/, templates/
-and this script's methods, the task, the budget and split sizes, the models, the dtype and the torch version.
-The DSPy rows of a generation task add the generation peer's code to that (``peer_ledger``).
+them again; a record counts only when its fingerprint matches (``bench.ledger``: a test record depends on the
+settings and on what the scorer outputs on a probe set; a search record adds its method's own code, so a change
+to PPO runs only PPO's searches again).
 
-    .venv/bin/python scripts/bench_tuning.py [--tasks risk sentiment] [--seeds 0 1 2] [--budget CALLS]
-    .venv/bin/python scripts/bench_tuning.py --quick      # CI: the small test task, one seed, a tiny budget
-    .venv/bin/python scripts/bench_tuning.py --ledger scripts/results/bench_tuning.jsonl   # resumable
-    .venv/bin/python scripts/bench_tuning.py --methods seed PPO --set ppo.advantage_estimator=rloo   # a variant
+    .venv/bin/python -m bench.tuning [--tasks risk sentiment] [--seeds 0 1 2] [--budget CALLS]
+    .venv/bin/python -m bench.tuning --quick      # CI: the small test task, one seed, a tiny budget
+    .venv/bin/python -m bench.tuning --ledger scripts/bench/results/bench_tuning.jsonl   # resumable
+    .venv/bin/python -m bench.tuning --methods seed PPO --set ppo.advantage_estimator=rloo   # a variant
 
 The default budget is what the task's default run spends before its test (the seed, its steps, the selection),
 as `--estimate` prices it.
@@ -49,9 +48,7 @@ from __future__ import annotations
 import argparse
 import functools
 import hashlib
-import importlib.metadata
 import importlib.util
-import inspect
 import json
 import random
 import sys
@@ -62,10 +59,9 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from pipelines.cli import quiet_libraries, table  # noqa: E402
+from bench import REPO
+from bench.ledger import Ledger, method_fingerprint, probe, scorer_fingerprint, settings
+from pipelines.cli import quiet_libraries, table
 
 METHODS = ("seed", "best-of-N", "OPRO", "PPO", "DSPy COPRO", "DSPy MIPROv2")
 QUICK_TASK = str(REPO / "tests" / "data" / "risk_small.yaml")
@@ -77,65 +73,6 @@ class Outcome:
     calls: int  # target calls of the search and the choice
     wall_s: float
     note: str = ""
-
-
-class Ledger:
-    """Finished searches and test evaluations (``--ledger``), appended to a JSONL file as each one finishes and
-    read back by a later run with the same fingerprint; records of other settings or code stay in the file
-    unread. Without a path it only holds this run's records."""
-
-    def __init__(self, path: str | None, fingerprint: str):
-        self.path = Path(path) if path else None
-        self.fingerprint = fingerprint
-        self.records: dict[str, dict] = {}
-        self.other = 0  # records of other settings or code, or a line cut short by a kill
-        if self.path is not None and self.path.exists():
-            for line in self.path.read_text().splitlines():
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    record = None
-                if isinstance(record, dict) and record.get("fingerprint") == fingerprint and "key" in record:
-                    self.records[record["key"]] = record
-                else:
-                    self.other += 1
-
-    def get(self, key: str) -> dict | None:
-        return self.records.get(key)
-
-    def add(self, key: str, **values) -> dict:
-        record = {"fingerprint": self.fingerprint, "key": key, **values}
-        self.records[key] = record
-        if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with self.path.open("a") as f:
-                f.write(json.dumps(record) + "\n")
-        return record
-
-
-def fingerprint(task, options, budget: int, splits) -> str:
-    """What a ledger record depends on: the code that searches and scores, the task, the budget and split
-    sizes, the models, the dtype they compute in and the versions of torch and dspy."""
-    import torch
-
-    from pipelines.engine.models import default_dtype
-
-    digest = hashlib.sha256()
-    for folder in ("pipelines", "rewards", "templates"):
-        for path in sorted((REPO / folder).rglob("*.py")):
-            digest.update(path.relative_to(REPO).as_posix().encode() + b"\0" + path.read_bytes())
-    for function in (search, run_method, run_ppo, run_dspy, test_figures):
-        digest.update(inspect.getsource(function).encode())
-    try:
-        dspy = importlib.metadata.version("dspy")
-    except importlib.metadata.PackageNotFoundError:
-        dspy = None
-    settings = {"task": task.model_dump(mode="json"), "budget": budget, "steps": options.steps,
-                "dev_examples": options.dev_examples, "splits": [len(splits.train), len(splits.dev), len(splits.test)],
-                "target": str(options.target), "judge": str(options.judge), "policy": options.policy_model,
-                "scorers": options.num_scorers, "dtype": default_dtype(), "torch": torch.__version__, "dspy": dspy}
-    digest.update(json.dumps(settings, sort_keys=True, default=str).encode())
-    return digest.hexdigest()[:16]
 
 
 def search(task, pool, policy, prompt_for, budget: int, plan, seed: int, spent: int = 0,
@@ -182,7 +119,8 @@ def _policy(name: str):
 
 def run_method(method: str, task, splits, budget: int, plan, seed: int, options) -> Outcome:
     """One method's search and choice at ``budget`` target calls; its wall time includes its own start-up."""
-    from pipelines.generation import history_meta_prompt, instruction_of, meta_prompt
+    from bench.opro import history_meta_prompt
+    from pipelines.generation import instruction_of, meta_prompt
     from pipelines.ray_scoring import ScoringPool, init_ray
 
     started = time.perf_counter()
@@ -237,7 +175,7 @@ def run_ppo(task, budget: int, plan, options) -> Outcome:
 def run_dspy(task, splits, method: str, budget: int, seed: int, target, proposer) -> Outcome:
     """DSPy's COPRO or MIPROv2 (``method``: "copro" or "miprov2") at ``budget`` target calls."""
     try:
-        from pipelines.dspy_peer import optimize
+        from bench.peers.dspy import optimize
     except ImportError:
         return Outcome(None, 0, 0.0, "not run: pip install -e .[bench]")
     if method == "miprov2" and importlib.util.find_spec("optuna") is None:
@@ -314,16 +252,13 @@ def add_run_options(parser: argparse.ArgumentParser, help_suffix: str = "") -> N
                         help="examples in the test split where the data allow (else the task's own)" + help_suffix)
 
 
-PEER_FILE = REPO / "scripts" / "dspy_generation_peer.py"
-
-
 def run_dspy_generation(task, splits, method: str, budget: int, seed: int, target, proposer_name: str) -> Outcome:
-    """DSPy's COPRO or MIPROv2 on a generation task (``scripts/dspy_generation_peer.py``), as ``run_dspy``."""
+    """DSPy's COPRO or MIPROv2 on a generation task (``scripts/bench/peers/dspy_generation.py``), as ``run_dspy``."""
     if importlib.util.find_spec("dspy") is None or (method == "miprov2" and importlib.util.find_spec("optuna") is None):
         return Outcome(None, 0, 0.0, "not run: bash scripts/setup.sh --bench")
     if not isinstance(target, str):
         return Outcome(None, 0, 0.0, "not run: the DSPy adapter needs an in-process target model, not an endpoint")
-    from dspy_generation_peer import optimize
+    from bench.peers.dspy_generation import optimize
 
     from pipelines.engine.models import load_causal_lm
 
@@ -333,21 +268,14 @@ def run_dspy_generation(task, splits, method: str, budget: int, seed: int, targe
                    result["note"])
 
 
-def peer_fingerprint(fingerprint: str) -> str:
-    """The fingerprint of the DSPy rows on a generation task whose own fingerprint is ``fingerprint``: that one with
-    the generation peer's code added (``scripts/dspy_generation_peer.py`` and ``run_dspy_generation``), so a change
-    to that code voids those rows only."""
-    digest = hashlib.sha256(fingerprint.encode())
-    digest.update(PEER_FILE.read_bytes())
-    digest.update(inspect.getsource(run_dspy_generation).encode())
-    return digest.hexdigest()[:16]
-
-
-def peer_ledger(ledger: Ledger) -> Ledger:
-    """The ledger of the DSPy rows on a generation task (``peer_fingerprint``): their searches only. Their choices
-    are tested under the task's own fingerprint, which the readers (bench_paired.py, bench_seed_in_ranking.py) see
-    together with these rows."""
-    return Ledger(str(ledger.path) if ledger.path else None, peer_fingerprint(ledger.fingerprint))
+def open_ledgers(path: str | None, task, options, budget: int, splits) -> tuple[Ledger, dict[str, Ledger]]:
+    """(the scorer's ledger: tests and dev records; each method's ledger of searches), by the rule of
+    ``bench.ledger``: the scorer's fingerprint is the settings and the probe set's outputs, a method's adds its
+    own code. Runs the probe (about 20 s on 2 CPU cores)."""
+    scorer = scorer_fingerprint(settings(task, options, budget, splits), probe(task, splits, options.target,
+                                                                              options.judge))
+    return Ledger(path, scorer), {m: Ledger(path, method_fingerprint(scorer, m, task.is_generation), scorer=scorer)
+                                  for m in METHODS}
 
 
 def bench_task(name: str, seeds: list[int], budget: int | None, options, test_examples: int,
@@ -363,10 +291,10 @@ def bench_task(name: str, seeds: list[int], budget: int | None, options, test_ex
     label = " ".join([base.name, *(f"{k}={v}" for k, v in (overrides or {}).items())])
     plan = estimate(base, options, splits, scoring_tokenizer(options.target))
     budget = default_budget(plan, options) if budget is None else budget
-    ledger = Ledger(ledger_path, fingerprint(base, options, budget, splits))
-    peer = peer_ledger(ledger) if base.is_generation else None
-    if ledger.records:
-        log(f"{base.name}: {len(ledger.records)} finished searches and tests read back from {ledger_path}")
+    ledger, searches = open_ledgers(ledger_path, base, options, budget, splits)
+    read_back = len(ledger.records) + sum(len(s.records) for s in searches.values())
+    if read_back:
+        log(f"{base.name}: {read_back} finished searches and tests read back from {ledger_path}")
     metric = base.scoring.metric
     outcomes: dict[str, list[Outcome]] = {m: [] for m in METHODS}
     figures: dict[str, list[dict]] = {m: [] for m in METHODS}
@@ -393,13 +321,13 @@ def bench_task(name: str, seeds: list[int], budget: int | None, options, test_ex
         chosen = {}
         for i, method in enumerate(METHODS):
             key = f"{base.name}/seed {seed}/{method}"
-            store = peer if peer is not None and method.startswith("DSPy") else ledger
+            store = searches[method]
             record = store.get(key)
             if record is None and method not in methods and method != "seed":  # left for a later run
                 outcome = Outcome(None, 0, 0.0, "not run: not in --methods")
             elif record is None:
                 log(f"{base.name}, seed {seed}: {method} ...")
-                if store is peer:
+                if base.is_generation and method.startswith("DSPy"):
                     optimizer = {"DSPy COPRO": "copro", "DSPy MIPROv2": "miprov2"}[method]
                     outcome = run_dspy_generation(task, splits, optimizer, budget, seed, options.target,
                                                   options.policy_model)
@@ -442,10 +370,10 @@ def bench_task(name: str, seeds: list[int], budget: int | None, options, test_ex
         row["instruction"] = figures[m][-1]["instruction"] if figures[m] else ""
         row["test_wall_s"] = round(sum(f["wall_s"] for f in figures[m]), 1)
         rows.append(row)
-    ignored = f" ({ledger.other} records in it of other settings or code, not read)" if ledger.other else ""
     if ledger_path:
-        log(f"{base.name}: ledger {ledger_path}, fingerprint {ledger.fingerprint}{ignored}"
-            + (f"; the DSPy rows' fingerprint {peer.fingerprint}" if peer is not None else ""))
+        prints = ", ".join(f"{m} {searches[m].fingerprint[:8]}" for m in METHODS)
+        log(f"{base.name}: ledger {ledger_path}; the scorer's fingerprint {ledger.fingerprint[:8]}, the searches' "
+            f"{prints} (bench.ledger says what each depends on)")
     return rows
 
 

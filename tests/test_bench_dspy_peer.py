@@ -1,4 +1,4 @@
-"""pipelines/dspy_peer.py: DSPy's COPRO and MIPROv2 through an adapter to the project's target model.
+"""scripts/bench/peers/dspy.py: DSPy's COPRO and MIPROv2 through an adapter to the project's target model.
 
 The unit tests script the model (``LocalLM._generate`` replaced; the real tokenizer renders the chat template), so
 they need no model computation; the slow test runs COPRO with the real SmolLM2 at a tiny budget."""
@@ -14,7 +14,7 @@ dspy = pytest.importorskip("dspy")
 from pipelines import dspy_peer  # noqa: E402
 from pipelines.config import load_task  # noqa: E402
 from pipelines.data import load_splits  # noqa: E402
-from pipelines.dspy_peer import (  # noqa: E402
+from bench.peers.dspy import (  # noqa: E402
     ANSWER, UNPARSED, BudgetExceeded, CallLedger, LocalLM, ProposerAdapter, RoleAdapter, TargetAdapter,
 )
 from pipelines.engine.models import LoadedLM, load_tokenizer  # noqa: E402

@@ -1,6 +1,6 @@
 """Benchmark: would a seed guard on the choice have shipped better templates? Read from the bench's ledger.
 
-Every method of `scripts/bench_tuning.py` ships its dev-only choice: the best of some 24 candidates by a noisy
+Every method of `scripts/bench/tuning.py` ships its dev-only choice: the best of some 24 candidates by a noisy
 dev reward, so the winner's dev figure is biased up (the winner's curse), and on sentiment every choice lands
 under the seed template on the test split. The guard keeps the seed unless the choice beats it on dev with
 one-sided 95% confidence: a paired bootstrap, over the examples of the selection sample (the whole-dev sample
@@ -13,7 +13,7 @@ process (no search is run again), applies the guard, and reads the held-out test
 from the ledger's test records (no test call is made). Per (task, method): the mean over seeds and its 95%
 bootstrap interval (over seeds), without and with the guard, and how often the guard kept the seed.
 
-    .venv/bin/python scripts/bench_choice_rule.py --ledger scripts/results/bench_tuning.jsonl [--tasks risk sentiment]
+    .venv/bin/python -m bench.choice_rule --ledger scripts/bench/results/bench_tuning.jsonl [--tasks risk sentiment]
         [--alpha 0.05 0.2 0.5]   # the guard's level (0.05, chosen before any figure was seen); more: sensitivity
 """
 
@@ -26,12 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
-
-import bench_tuning as bench  # noqa: E402
-from pipelines.cli import quiet_libraries, table  # noqa: E402
+from bench import tuning as bench
+from pipelines.cli import quiet_libraries, table
 
 
 def paired_gain(seed_lp, chosen_lp, gold: list[str], labels: list[str], resamples: int = 2000,
@@ -69,11 +65,11 @@ def analyse(name: str, seeds: list[int], options, test_examples: int, ledger_pat
                           "Fix: pass classification tasks with --tasks")
     plan = estimate(base, options, splits, scoring_tokenizer(options.target))
     budget = bench.default_budget(plan, options)
-    ledger = bench.Ledger(ledger_path, bench.fingerprint(base, options, budget, splits))
+    ledger, searches = bench.open_ledgers(ledger_path, base, options, budget, splits)
     metric = base.scoring.metric
     seed_text = base.seed_template().text
     seed_test = ledger.get(bench.test_key(base.name, seed_text))
-    choices = {(s, m): ledger.get(f"{base.name}/seed {s}/{m}") for s in seeds for m in bench.METHODS[1:]}
+    choices = {(s, m): searches[m].get(f"{base.name}/seed {s}/{m}") for s in seeds for m in bench.METHODS[1:]}
     choices = {k: r["template"] for k, r in choices.items() if r and ledger.get(bench.test_key(base.name, r["template"]))}
     if seed_test is None or not choices:
         log(f"{name}: no finished searches with test figures in {ledger_path} for fingerprint {ledger.fingerprint}")

@@ -1,7 +1,7 @@
 """DSPy's COPRO and MIPROv2 on a generation task (e.g. callback): the bench's DSPy rows where an example carries a
 reference answer instead of a label. Needs the optional extra: ``bash scripts/setup.sh --bench``.
 
-The optimizers run as shipped, through the same adapter as on a classification task (``pipelines/dspy_peer.py``:
+The optimizers run as shipped, through the same adapter as on a classification task (``scripts/bench/peers/dspy.py``:
 the target sees exactly the project's prompt, its answer is read by the task's output contract, contract-breaking
 output is data, target calls are counted and capped, settings are sized to the budget). Only two things differ:
 
@@ -11,11 +11,10 @@ output is data, target calls are counted and capped, settings are sized to the b
   (``rewards.generation_metrics.example_scores``: field exact match or token F1; 0 for an answer that broke the
   contract), as the project's scorer computes it over a split.
 
-Why this lives with the bench and not in ``pipelines/dspy_peer.py``: every ledger record's fingerprint hashes the
-code under ``pipelines/``, so a change there voids every finished search and test of every task (about 12 h on
-a CPU machine to measure again). The rows this module produces get a fingerprint of their own instead: the task
-ledger's fingerprint with this file's source added (``bench_tuning.peer_ledger``). When ``pipelines/`` changes
-for another reason, this folds into ``pipelines/dspy_peer.py``.
+Why a module of its own and not a branch of ``scripts/bench/peers/dspy.py``: it was written when every ledger
+record's fingerprint hashed all of ``pipelines/``, so that a change there would not void the classification
+rows. Under the fingerprint rule of ``bench.ledger`` (each method's own code), it can fold into that module; the
+fold waits for a session with the bench extra installed, which its tests need.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ import dspy
 
 from pipelines.config import TaskConfig
 from pipelines.data import Splits
-from pipelines.dspy_peer import (
+from bench.peers.dspy import (
     ANSWER, METHODS, UNPARSED, BudgetExceeded, CallLedger, LocalLM, ProposerAdapter, RoleAdapter, TargetAdapter,
     _key, _program, best_measured, copro_settings, miprov2_settings,
 )
@@ -62,13 +61,13 @@ def example_metric(task: TaskConfig, answer, reference) -> float:
 
 def optimize(task: TaskConfig, splits: Splits, lm: LoadedLM, method: str, budget_calls: int, seed: int, *,
              proposer: LoadedLM | None = None) -> dict:
-    """``pipelines.dspy_peer.optimize`` for a generation task: DSPy's ``method`` as shipped, instruction only and
+    """``bench.peers.dspy.optimize`` for a generation task: DSPy's ``method`` as shipped, instruction only and
     zero demos, with at most ``budget_calls`` target calls. Train examples (and for MIPROv2 dev examples as its
     valset) only; never the test split. Returns ``{"instruction", "target_calls", "note"}``."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, not {method!r}")
     if not task.is_generation:
-        raise ValueError("a classification task runs through pipelines.dspy_peer.optimize")
+        raise ValueError("a classification task runs through bench.peers.dspy.optimize")
     import torch
 
     ledger = CallLedger(budget=budget_calls)

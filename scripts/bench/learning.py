@@ -1,6 +1,6 @@
 """Does the policy learn? The mean sampled reward and the feasible fraction, first step against last, over seeds.
 
-    .venv/bin/python scripts/bench_learning.py --tasks risk sentiment --seeds 0 1 2 --steps 8
+    .venv/bin/python -m bench.learning --tasks risk sentiment --seeds 0 1 2 --steps 8
 
 Each (task, seed) is one tuning run of ``--steps`` steps with the task's own settings (``tune`` with
 ``choose=False``: the steps only, no choice, test, gate or store), recorded as one JSON line in ``--ledger`` (a rerun skips what the
@@ -10,7 +10,7 @@ measured on it (readability, and the rates where the screen measured them).
 
 The figure: last step minus first step, the mean over seeds of each run's difference of sample means, with a 95%
 bootstrap interval that resamples the samples within each (seed, step). With ``--plot`` (matplotlib) the curves
-of every seed go to ``scripts/results/learning_<task>.png``.
+of every seed go to ``scripts/bench/results/learning_<task>.png``.
 """
 
 from __future__ import annotations
@@ -22,12 +22,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from bench import RESULTS
 
 
 def machine() -> str:

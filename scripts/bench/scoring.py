@@ -32,10 +32,10 @@ Every row gives pairs/s and prompt tokens/s (the tokens of the rendered prompts,
 whatever a method actually runs). ``--input-chars 1000`` makes each input about 1,000 characters long
 (consecutive dev messages joined with a space, then cut), the long-input case of the cost model.
 
-    .venv/bin/python scripts/bench_scoring.py [--examples 60] [--templates 6] [--threads 2] [--rounds 2]
-    .venv/bin/python scripts/bench_scoring.py --input-chars 1000 --examples 20 --templates 3
-    .venv/bin/python scripts/bench_scoring.py --long-too      # and then the 1,000-character case, in the same run
-    .venv/bin/python scripts/bench_scoring.py --answers-only [--examples 60] [--templates 6]
+    .venv/bin/python -m bench.scoring [--examples 60] [--templates 6] [--threads 2] [--rounds 2]
+    .venv/bin/python -m bench.scoring --input-chars 1000 --examples 20 --templates 3
+    .venv/bin/python -m bench.scoring --long-too      # and then the 1,000-character case, in the same run
+    .venv/bin/python -m bench.scoring --answers-only [--examples 60] [--templates 6]
 """
 
 from __future__ import annotations
@@ -43,11 +43,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from pipelines.cli import quiet_libraries, table  # noqa: E402
+from pipelines.cli import quiet_libraries, table
 
 INSTRUCTIONS = [
     None,  # the seed

@@ -1,0 +1,73 @@
+"""bench.ledger: a bench record's fingerprint follows what its figures depend on (the scorer's outputs on a probe
+set, and its method's own code), not the source text of the whole product."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from bench import REPO
+from bench import ledger as L
+
+
+@pytest.fixture
+def checkout(tmp_path):
+    """A copy of the code the fingerprint could read: the product and the bench."""
+    for folder in ("pipelines", "rewards", "templates", "scripts/bench"):
+        shutil.copytree(REPO / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__", "results"))
+    return tmp_path
+
+
+def prints(root):
+    return {method: L.method_fingerprint("scorer", method, root=root) for method in L.METHOD_CODE}
+
+
+def test_edits_to_code_no_method_runs_or_to_layout_keep_every_fingerprint(checkout):
+    before = prints(checkout)
+    assert before == prints(None)  # the copy reads as the checkout
+    for unrelated in ("templates/store.py", "pipelines/cli.py", "pipelines/config.py", "rewards/readability.py"):
+        path = checkout / unrelated
+        path.write_text("# an edit nobody runs\n" + path.read_text() + "\n\nTHE_CLI_CHANGED = True\n")
+    ppo = checkout / "pipelines/rl/ppo.py"  # a method's own code, but only comments, a docstring and layout
+    text = ppo.read_text().replace('"""', '"""Reworded. ', 1).replace("\n\n\n", "\n\n\n# a comment\n\n")
+    ppo.write_text(text + "\n\n")
+    assert prints(checkout) == before
+
+
+def test_a_change_to_a_methods_own_code_voids_that_methods_rows_only(checkout):
+    before = prints(checkout)
+    loop = checkout / "pipelines/loop.py"  # PPO's loop, which no other method runs
+    loop.write_text(loop.read_text() + "\n\nSTEPS_CHANGED = 2\n")
+    after = prints(checkout)
+    assert {m for m in before if before[m] != after[m]} == {"PPO"}
+    racing = checkout / "pipelines/racing.py"  # how the project's methods race their candidates
+    racing.write_text(racing.read_text() + "\n\nRUNG_CHANGED = 2\n")
+    changed = {m for m, fp in prints(checkout).items() if fp != before[m]}
+    assert changed == {"best-of-N", "OPRO", "PPO"}
+    assert L.method_fingerprint("another scorer", "seed") != L.method_fingerprint("scorer", "seed")
+
+
+@pytest.mark.e2e
+def test_a_changed_scorer_output_changes_the_scorers_fingerprint(monkeypatch):
+    """The probe runs the real scorer (the embedded model) on the probe set; it repeats exactly, and a scorer that
+    computes other log-probs gives another fingerprint."""
+    import numpy as np
+
+    from pipelines.config import load_task
+    from pipelines.data import load_splits
+    from pipelines.engine.models import EMBEDDED
+    from pipelines.engine.target import LabelScorer
+
+    task = load_task(str(REPO / "tests" / "data" / "risk_small.yaml"))
+    splits = load_splits(task)
+    outputs = L.probe(task, splits, EMBEDDED)
+    assert len(outputs) == 3 and all(len(o["logprobs"]) == L.PROBE_EXAMPLES for o in outputs)
+    assert all(o["measured"]["valid"] and o["answers"] for o in outputs)
+    settings = {"task": task.name}
+    assert L.scorer_fingerprint(settings, L.probe(task, splits, EMBEDDED)) == L.scorer_fingerprint(settings, outputs)
+
+    score = LabelScorer.score  # the target's label log-probs, a little lower for every label
+    monkeypatch.setattr(LabelScorer, "score", lambda self, template, texts: np.asarray(score(self, template, texts)) - 0.5)
+    shifted = L.probe(task, splits, EMBEDDED)
+    assert L.scorer_fingerprint(settings, shifted) != L.scorer_fingerprint(settings, outputs)
