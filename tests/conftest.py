@@ -158,3 +158,25 @@ def ray_session():
 
     if ray.is_initialized():
         ray.shutdown()
+
+
+# ======================================================================================
+# Timing: a test that guards speed (a regex that must not backtrack, an input rejected before
+# it is parsed) compares two timings taken in the same run, never a wall-clock bound: the
+# machines are shared and noisy. `best_of` gives the fastest of a few runs of a call.
+# ======================================================================================
+
+
+@pytest.fixture
+def best_of():
+    import time
+
+    def best_of(call, repeats: int = 3) -> float:
+        times = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - started)
+        return min(times)
+
+    return best_of

@@ -4,7 +4,6 @@ the same value, and that no input makes the patterns raise or crawl."""
 import datetime
 import random
 import re
-import time
 
 import pytest
 
@@ -270,11 +269,10 @@ def test_support_comes_from_any_source_and_from_verbatim_text():
 
 @pytest.mark.parametrize("text", ["0" * 100_000, "1 " * 50_000, "a." * 50_000, "www." * 20_000],
                          ids=["zeros", "ones", "a-dots", "www"])
-def test_pathological_inputs_finish(text):
-    # A pattern that backtracks takes minutes here; linear ones take well under a second.
-    started = time.perf_counter()
-    find_entities(text)
-    assert time.perf_counter() - started < 10
+def test_pathological_inputs_finish(text, best_of):
+    # A pattern that backtracks takes minutes here; linear ones about as long as on prose of the same length.
+    prose = ("Call me at the office tomorrow about the invoice, " * (len(text) // 50 + 1))[: len(text)]
+    assert best_of(lambda: find_entities(text), 1) < 20 * best_of(lambda: find_entities(prose), 1)
 
 
 def test_a_megabyte_message_is_handled():

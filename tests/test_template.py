@@ -1,6 +1,5 @@
 """Templates: strict parsing, literal rendering, constraints, and hostile text from a model."""
 
-import time
 
 import pytest
 
@@ -57,10 +56,10 @@ def test_missing_and_repeated_placeholders_are_rejected():
 
 def test_a_megabyte_template_is_rejected_quickly():
     big = "A" * 1_000_000 + " {text}"
-    started = time.perf_counter()
-    check = validate_candidate(big, ("text",), max_tokens=10_000, count_tokens=lambda s: len(s.split()))
+    counted = []
+    check = validate_candidate(big, ("text",), max_tokens=10_000, count_tokens=lambda s: counted.append(s) or 1)
     assert not check.ok and "limit" in check.reasons[0]
-    assert time.perf_counter() - started < 1.0  # rejected by size before any tokenization
+    assert counted == []  # rejected by size before any tokenization
 
 
 def test_token_budget():
@@ -101,14 +100,17 @@ def test_bad_constraint_specs():
         Template("{text}", ("text",), (Constraint("other", "max_chars", 3),))
 
 
-def test_regex_constraint_runs_in_linear_time():
+def test_regex_constraint_runs_in_linear_time(best_of):
     # Python's re backtracks about 2**26 times on the first (seconds; each extra "a" doubles it); RE2 never backtracks.
     t = Template("{text}", ("text",), (Constraint("text", "regex", "(a+)+$"),))
-    for length in (26, 100_000):
-        start = time.perf_counter()
+    plain = Template("{text}", ("text",), (Constraint("text", "regex", "a+$"),))  # nothing to backtrack into
+
+    def refused(template, length):
         with pytest.raises(TemplateError, match="does not match"):
-            t.render(text="a" * length + "b")
-        assert time.perf_counter() - start < 0.5
+            template.render(text="a" * length + "b")
+
+    for length in (26, 100_000):
+        assert best_of(lambda: refused(t, length)) < 20 * best_of(lambda: refused(plain, length))
     assert t.render(text="aaaa") == "aaaa"
 
 
