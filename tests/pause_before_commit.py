@@ -5,7 +5,7 @@ from templates.gate import Decision
 from templates.store import TemplateStore
 from templates.template import Template
 store = TemplateStore(sys.argv[1])
-real = store._conn
+real = store._db._conn
 
 class PauseBeforeCommit:
     # Do every write of the operation, then stop just before COMMIT until killed.
@@ -18,7 +18,7 @@ class PauseBeforeCommit:
             time.sleep(60)
         return real.execute(sql, *args)
 
-store._conn = PauseBeforeCommit()
+store._db._conn = PauseBeforeCommit()
 if sys.argv[2] == "promote":
     store.promote("risk", int(sys.argv[3]))
 else:
