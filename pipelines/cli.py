@@ -37,20 +37,21 @@ from typing import Sequence, get_args
 import annotated_types
 from pydantic import BaseModel
 
-from pipelines import cli_store, config
+from pipelines import cli_store, task_files
 from pipelines.budget import BudgetError
 from pipelines.config import (ConfigError, Endpoint, FlagSettings, GenerationConfig, ModelSource, PPOConfig,
-                              RunOptions, SelectionConfig, TaskConfig, builtin_tasks, load_task, load_yaml_mapping)
+                              RunOptions, SelectionConfig, TaskConfig)
 from pipelines.data import DataError, load_examples, split_examples
 from pipelines.drift import DEFAULT_MAX_DROP
 from pipelines.engine.endpoints import EndpointError
 from pipelines.engine.models import EMBEDDED, ModelLoadError
 from pipelines.schedule import CronError, ScheduleError
+from pipelines.task_files import builtin_tasks, load_task, read_template_file
 from pipelines.validate import summarize, validate_task
 from rewards.judge import JudgeError
 from templates.decision import DecisionError
 from templates.store import StoreError, default_store_url
-from templates.template import Template, TemplateError, constraints_from_spec
+from templates.template import TemplateError
 
 MAX_RENDER_EXAMPLES = 1000
 USER_ERRORS = (ConfigError, DataError, TemplateError, DecisionError, ModelLoadError, JudgeError, StoreError, FileExistsError, FileNotFoundError,
@@ -106,32 +107,6 @@ def _fmt(value) -> str:
     if isinstance(value, float):
         return f"{value:.3f}"
     return escape(str(value))
-
-
-def read_template_file(path: str, task: TaskConfig) -> Template:
-    """A template from a file: YAML record (text, variables, constraints, decision) or plain template text.
-
-    The task's constraints on its input hold for a template from a file too; a record's own constraints add to them.
-    """
-    file, name = Path(path), config.excerpt(path)
-    if file.suffix in (".yaml", ".yml"):
-        template = Template.from_dict(load_yaml_mapping(file, "template file"))
-    else:
-        config.check_file(file, "template file", config.MAX_TASK_FILE_BYTES)
-        try:
-            text = file.read_text(encoding="utf-8")
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"template file {name} is not UTF-8 text (byte {exc.start} is not valid UTF-8): "
-                              "save it as UTF-8") from None
-        template = Template.from_text(text.rstrip("\n"))
-    if set(template.variables) != set(task.input_variables):
-        wanted = ", ".join("{" + v + "}" for v in task.input_variables)
-        declared = template.variables[:5] + (("...",) if len(template.variables) > 5 else ())
-        raise TemplateError(f"template in {name} declares {len(template.variables)} variable(s) {list(declared)}; "
-                            f"task {task.name!r} fills {wanted}")
-    task_constraints = tuple(constraints_from_spec(task.template.constraints))
-    return Template(template.text, template.variables, tuple(dict.fromkeys(task_constraints + template.constraints)),
-                    template.decision)
 
 
 # --- commands ---------------------------------------------------------------------------------
@@ -752,9 +727,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--target-model HuggingFaceTB/SmolLM2-135M-Instruct\n"
         "  tune-prompts tasks\n  tune-prompts render --task risk -n 3\n  tune-prompts eval --task risk --split test",
     )
-    # the help's example defaults (YAML and pydantic, no data), from config itself: a command's load_task may be
-    # replaced (tests do) without breaking the parser
-    risk = config.load_task("risk")
+    # the help's example defaults (YAML and pydantic, no data), from task_files itself: a command's load_task may
+    # be replaced (tests do) without breaking the parser
+    risk = task_files.load_task("risk")
     parser.add_argument("--debug", action="store_true",
                         help="show the traceback of an unexpected error (also TUNE_PROMPTS_DEBUG=1)")
     add_task_flag(parser, required=False)
