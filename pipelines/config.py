@@ -639,7 +639,7 @@ def parse_task(data: dict, base_dir: Path, origin: str) -> TaskConfig:
 class FlagSettings(_Strict):
     """The settings that only command-line flags give (a run's ``RunOptions``, a served model's ``Endpoint``, the
     drift check and the scheduler), with their bounds: each flag's argparse type reads its field here
-    (``pipelines.cli.setting``), as the flags that override a task file's settings read the task's fields."""
+    (``pipelines.cli_flags.setting``), as the flags that override a task file's settings read the task's fields."""
 
     num_scorers: int = Field(2, ge=1, le=1024, description="Ray scoring actors (a run uses at most one per CPU; "
                              "1,024 is a large cluster)")
