@@ -1,20 +1,22 @@
 """Typed, validated configuration: one YAML file per task, grouped by stage.
 
 Precedence: the defaults here < the task file < CLI flags (applied with ``TaskConfig.with_overrides``).
-Unknown keys are rejected and every validation error names the field and the fix.
+Unknown keys are rejected and every validation error names the field and the fix. This module is the schema
+only; reading task and template files (their limits, built-in and package paths) is ``pipelines/task_files.py``.
+
+The module is long because the schema is one tree, ``TaskConfig`` and its sections with every field's bounds and
+description (docs/tasks.md is generated from them), plus the flag-only settings that share those bounds; it reads
+best whole.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Hashable
 from typing import Annotated, Any, Literal, get_args
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pipelines.engine.models import EMBEDDED
@@ -23,8 +25,6 @@ from rewards.weighting import check_weights
 from templates.contract import unknown_names
 from templates.gate import PromotionConfig
 from templates.template import MAX_INPUT_CHARS, Template, TemplateError, constraints_from_spec
-
-BUILTIN_TASKS_DIR = Path(__file__).parent / "tasks"
 
 
 GENERATION_METRICS = ("field_exact_match", "token_f1", "contract_rate")
@@ -40,15 +40,6 @@ MAX_WEIGHT = 100.0  # every reward component lies in -1..1: a larger weight only
 
 class ConfigError(ValueError):
     """A task file or option is not acceptable; the message names the file, the field and the fix."""
-
-
-MAX_TASK_FILE_BYTES = 2**20  # a task or template file is settings, never this big
-MAX_TASK_FILE_DEPTH = 32  # nesting of a task file: a task is 3 deep, an output contract's JSON schema a few more
-# a top-level key as a task, template or template-record file writes it; anything else shows a file of another kind
-_SETTING_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")
-# the explicit tags a settings file may carry: plain scalars and the two containers (!!binary, !!set, !!timestamp,
-# !!omap and !!python/... build objects no setting takes)
-_PLAIN_TAGS = {f"tag:yaml.org,2002:{name}" for name in ("str", "int", "float", "bool", "null", "map", "seq")}
 
 
 def excerpt(value: object, limit: int = 80) -> str:
@@ -618,10 +609,12 @@ class TaskConfig(_Strict):
             if not isinstance(node, dict) or leaf not in node:
                 raise ConfigError(f"unknown setting {excerpt(dotted)}; name one as section.key, e.g. split.test")
             node[leaf] = value
-        return _validate(data, self.base_dir, f"task {self.name!r} with overrides")
+        return parse_task(data, self.base_dir, f"task {self.name!r} with overrides")
 
 
-def _validate(data: dict, base_dir: Path, origin: str) -> TaskConfig:
+def parse_task(data: dict, base_dir: Path, origin: str) -> TaskConfig:
+    """``data`` (a task file's mapping, ``base_dir`` its folder) as a TaskConfig; a refusal is one ConfigError
+    that names ``origin``, the first few fields and their fix, and only counts unknown keys."""
     try:
         return TaskConfig.model_validate({**data, "base_dir": base_dir})
     except ValidationError as exc:
@@ -643,156 +636,10 @@ def _validate(data: dict, base_dir: Path, origin: str) -> TaskConfig:
         raise ConfigError(f"{origin} is invalid: " + "; ".join(problems[:3]) + more) from None
 
 
-def builtin_tasks() -> list[str]:
-    return sorted(p.stem for p in BUILTIN_TASKS_DIR.glob("*.yaml"))
-
-
-def load_task(name_or_path: str | Path) -> TaskConfig:
-    """A built-in task by name (``risk``) or a user's task file by path."""
-    path = Path(name_or_path)
-    if path.suffix not in (".yaml", ".yml"):
-        if str(name_or_path) not in builtin_tasks():
-            raise ConfigError(
-                f"unknown task {excerpt(str(name_or_path))}: built-in tasks are {', '.join(builtin_tasks())}; "
-                "or pass the path of a task YAML file"
-            )
-        path = BUILTIN_TASKS_DIR / f"{name_or_path}.yaml"
-    data = load_yaml_mapping(path, "task file")
-    base_dir = path.resolve().parent
-    if isinstance(data.get("template"), str):  # the template section may live in its own file
-        template_path = resolve_source(data["template"], base_dir)
-        data["template"] = load_yaml_mapping(template_path, "template file")
-        unknown = [key for key in data["template"] if key not in TemplateConfig.model_fields]
-        if unknown:
-            raise ConfigError(f"template file {excerpt(template_path.name)} has "
-                              f"{unknown_keys(unknown, TemplateConfig.model_fields)}")
-    return _validate(data, base_dir, f"task file {excerpt(str(path))}")
-
-
-class _TaskFileLoader(yaml.SafeLoader):
-    """SafeLoader that refuses aliases, tags other than plain ones, nesting deeper than MAX_TASK_FILE_DEPTH and
-    duplicate keys. An alias expands without bound (a 2 KB 'billion laughs' file becomes gigabytes) and no task
-    needs one; a tag builds bytes, sets or dates no setting takes; deep nesting is recursion; a duplicate key
-    would silently keep the last value."""
-
-    depth = 0
-
-    def compose_node(self, parent, index):
-        event = self.peek_event()
-        if isinstance(event, yaml.AliasEvent):
-            raise yaml.MarkedYAMLError(problem="aliases (*name) are not allowed in task files; write the value out",
-                                       problem_mark=event.start_mark)
-        tag = getattr(event, "tag", None)
-        if tag not in (None, "!") and tag not in _PLAIN_TAGS:  # not echoed: a tag is the file's own text
-            raise yaml.MarkedYAMLError(problem="YAML tags such as !!binary, !!set or !!python/... are not allowed in "
-                                       "task files; write a plain value", problem_mark=event.start_mark)
-        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
-            if self.depth >= MAX_TASK_FILE_DEPTH:
-                raise _TooDeep()
-            self.depth += 1
-            try:
-                return super().compose_node(parent, index)
-            finally:
-                self.depth -= 1
-        return super().compose_node(parent, index)
-
-    def construct_mapping(self, node, deep=False):
-        seen = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            if isinstance(key, Hashable) and key in seen:
-                raise yaml.MarkedYAMLError(problem=f"duplicate key {excerpt(key, 40)}; keep one of them",
-                                           problem_mark=key_node.start_mark)
-            seen.add(key)  # an unhashable key is the constructor's error to report
-        return super().construct_mapping(node, deep)
-
-
-def check_file(path: Path, what: str, max_bytes: int) -> None:
-    """Refuse, before reading, a path that is not a regular, non-empty file of at most ``max_bytes``:
-    a folder, a FIFO or a device would block or never end, and /proc files say they are empty."""
-    name = excerpt(str(path))
-    try:
-        size = path.stat().st_size
-    except (FileNotFoundError, NotADirectoryError):
-        raise ConfigError(f"{what} {name} does not exist; check the path") from None
-    except (OSError, ValueError) as exc:  # no permission, a link loop, an over-long name, a NUL byte
-        raise ConfigError(f"{what} {name} cannot be read ({type(exc).__name__}); check the path") from None
-    if not path.is_file():
-        raise ConfigError(f"{what} {name} is not a regular file (a folder, pipe or device); give a file's path")
-    if size == 0:
-        raise ConfigError(f"{what} {name} is empty (or a /proc file); give a file with content")
-    if size > max_bytes:
-        raise ConfigError(f"{what} {name} is {size / 2**20:.0f} MB, over the limit of {max_bytes / 2**20:.0f} MB; "
-                          "give a smaller file")
-
-
-class _TooDeep(Exception):
-    """A task file nested deeper than MAX_TASK_FILE_DEPTH."""
-
-
-def load_yaml_mapping(path: Path, what: str) -> dict:
-    """A settings file (task, template section, template record) as a mapping; every refusal is one line that
-    names the file but shows nothing of what it holds beyond a line number (a file of another kind, such as
-    /etc/shadow, must not come back in an error)."""
-    check_file(path, what, MAX_TASK_FILE_BYTES)
-    name = excerpt(str(path))
-    try:
-        loader = _TaskFileLoader(path.read_bytes().decode("utf-8"))
-        try:
-            node = loader.get_single_node()
-            _check_settings_node(node, f"{name} is not a {what}")
-            data = loader.construct_document(node)
-        finally:
-            loader.dispose()
-    except UnicodeDecodeError:
-        raise ConfigError(f"{what} {name} is not UTF-8 text; save it as UTF-8") from None
-    except yaml.MarkedYAMLError as exc:
-        where = f"line {exc.problem_mark.line + 1}: " if exc.problem_mark else ""
-        problem = " ".join(str(exc.problem).split())[:200]
-        raise ConfigError(f"{what} {name} is not valid YAML: {where}{problem}; fix the YAML") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{what} {name} is not valid YAML ({type(exc).__name__}); fix the YAML") from None
-    except (_TooDeep, RecursionError):
-        raise ConfigError(f"{what} {name} is nested too deep to be settings (over {MAX_TASK_FILE_DEPTH} levels); "
-                          "flatten it") from None
-    return data
-
-
-def _check_settings_node(node, not_settings: str) -> None:
-    """Refuse a document that is not a mapping of ``key: value`` lines with setting-like keys, naming only the line."""
-    if not isinstance(node, yaml.MappingNode):
-        line = 1 if node is None else node.start_mark.line + 1
-        raise ConfigError(f"{not_settings} (line {line} is not `key: value`); give a YAML file of settings")
-    for key, _ in node.value:
-        if not isinstance(key, yaml.ScalarNode) or not _SETTING_KEY.fullmatch(key.value):
-            raise ConfigError(f"{not_settings} (line {key.start_mark.line + 1} is not `key: value`); give a YAML file "
-                              "of settings")
-
-
-def resolve_source(source: str, base_dir: Path) -> Path:
-    """A path relative to ``base_dir`` (the task file's folder), an absolute path, or ``package:<pkg>/<path>``:
-    a file inside an installed package, found without importing it, that must stay inside the package."""
-    if source.startswith("package:"):
-        package, _, inner = source[len("package:") :].partition("/")
-        # only a top-level name: find_spec("a.b") would import a
-        spec = importlib.util.find_spec(package) if package.isidentifier() else None
-        if spec is None or not spec.submodule_search_locations:
-            raise ConfigError(f"source {excerpt(source)}: {excerpt(package)} is not an installed package; "
-                              "give package:<package>/<path> of an installed one (scripts/setup.sh installs them)")
-        root = Path(spec.submodule_search_locations[0]).resolve()
-        path = (root / inner).resolve()
-        if not path.is_relative_to(root):
-            raise ConfigError(f"source {excerpt(source)} leads outside package {package!r}; "
-                              "give a path inside the package, without '..'")
-        return path
-    path = Path(source)
-    return path if path.is_absolute() else base_dir / path
-
-
 class FlagSettings(_Strict):
     """The settings that only command-line flags give (a run's ``RunOptions``, a served model's ``Endpoint``, the
     drift check and the scheduler), with their bounds: each flag's argparse type reads its field here
-    (``pipelines.cli.setting``), as the flags that override a task file's settings read the task's fields."""
+    (``pipelines.cli_flags.setting``), as the flags that override a task file's settings read the task's fields."""
 
     num_scorers: int = Field(2, ge=1, le=1024, description="Ray scoring actors (a run uses at most one per CPU; "
                              "1,024 is a large cluster)")
@@ -893,3 +740,17 @@ class RunOptions:
     max_tokens: int | None = None  # budget: prompt + completion tokens of the target and the judge; None: no cap
     final_test: bool = True  # False: stop after the choice (no test, gate or store); report the finalists
     choose: bool = True  # False: stop after the steps (no choice either): what a study of the learning needs
+
+
+# Reading task files moved to pipelines/task_files.py; these names stay importable from here, where tests, scripts
+# and other branches import them. Looked up on first use, since task_files imports this module.
+_TASK_FILE_NAMES = frozenset({"BUILTIN_TASKS_DIR", "MAX_TASK_FILE_BYTES", "MAX_TASK_FILE_DEPTH", "builtin_tasks",
+                              "check_file", "load_task", "load_yaml_mapping", "resolve_source"})
+
+
+def __getattr__(name: str):
+    if name in _TASK_FILE_NAMES:
+        from pipelines import task_files
+
+        return getattr(task_files, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

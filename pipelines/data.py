@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipelines.config import TaskConfig, check_file, excerpt, resolve_source
+from pipelines.config import TaskConfig, excerpt
+from pipelines.task_files import check_file, resolve_source
 from rewards.entities import find_entities
 from templates.template import TemplateError
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from pipelines.config import ConfigError, TaskConfig, excerpt, load_task
+from pipelines.config import ConfigError, TaskConfig, excerpt
 from pipelines.data import Splits, label_counts, load_examples, split_examples
+from pipelines.task_files import load_task
 from templates.template import validate_candidate
 
 

@@ -85,7 +85,8 @@ def _settings() -> dict:
 
 
 def _task(settings: dict):
-    from pipelines.config import TaskConfig, load_task
+    from pipelines.config import TaskConfig
+    from pipelines.task_files import load_task
 
     spec = settings.get("task")
     if isinstance(spec, dict):

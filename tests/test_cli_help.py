@@ -9,7 +9,9 @@ import shlex
 import pytest
 
 from pipelines import cli
+from pipelines.cli_flags import model_sources
 from pipelines.config import Endpoint, load_task
+from pipelines.engine.models import EMBEDDED
 from templates.routing import DEFAULT_RAMP
 
 
@@ -99,7 +101,7 @@ def test_every_number_a_help_calls_a_default_is_that_default():
      "--max-concurrency", "6"],  # after the command wins
 ])
 def test_the_model_flags_hold_before_or_after_the_command(argv):
-    target, judge = cli.model_sources(cli.build_parser().parse_args(argv))
+    target, judge = model_sources(cli.build_parser().parse_args(argv))
     assert target == Endpoint("http://h/v1", "m", max_concurrency=6) and judge is None
 
 
@@ -107,6 +109,6 @@ def test_without_model_flags_each_command_gets_the_top_levels_defaults():
     parser, defaults = cli.build_parser(), Endpoint("URL", "MODEL")
     for argv in (["--task", "risk"], ["eval", "--task", "risk"], ["predict", "--task", "risk", "--text", "hi"]):
         args = parser.parse_args(argv)
-        assert cli.model_sources(args) == (cli.EMBEDDED, None)
+        assert model_sources(args) == (EMBEDDED, None)
         assert (args.api_key_env, args.request_timeout, args.top_logprobs) == (
             defaults.api_key_env, defaults.timeout_s, defaults.top_logprobs)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import cli
+from pipelines import cli, cli_production
 from pipelines.config import load_task
 from pipelines.drift import Bar, compare, held_out
 from templates.store import TemplateStore
@@ -113,7 +113,7 @@ def test_tune_if_below_starts_a_tuning_run_into_the_same_store(server, small_tas
         seen.update(task=task, options=options, resume=resume, json_output=json_output)
         return {"steps": options.steps}
 
-    monkeypatch.setattr(cli, "run_tuning", fake_run_tuning)
+    monkeypatch.setattr(cli_production, "run_tuning", fake_run_tuning)
     assert cli.main(["--steps", "3", "--num-scorers", "2", "--seed", "5", "--max-concurrency", "6", "check", "--task",
                      small_task, "--store", store, "--min-metric", "0.999", "--tune-if-below", "--json",
                      "--target-url", server.base_url, "--target-model", "scripted"]) == 0  # the tuning run completed

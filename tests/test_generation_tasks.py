@@ -149,7 +149,7 @@ def test_several_inputs_each_with_its_constraint_reach_the_scorer_as_one_span():
 
 
 def test_a_row_that_breaks_an_input_constraint_is_named_and_predict_wants_json_values(tmp_path):
-    from pipelines.cli import input_values
+    from pipelines.cli_production import input_values
 
     rows = [json.loads(line) for line in (DATA / "products_multi.jsonl").read_text().splitlines()]
     rows[2]["price_range"] = "cheap"

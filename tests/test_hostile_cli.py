@@ -17,8 +17,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import pipelines.cli as cli
-from pipelines.cli import main, table
+from pipelines import cli_tasks
+from pipelines.cli import main
+from pipelines.cli_output import table
 from templates.gate import Decision
 from templates.store import TemplateStore
 from templates.template import Template
@@ -91,7 +92,7 @@ def test_an_unexpected_error_is_one_line_and_debug_shows_the_traceback(monkeypat
     def boom(name):
         raise RuntimeError("boom\nsecond line \x1b[31m")
 
-    monkeypatch.setattr(cli, "load_task", boom)
+    monkeypatch.setattr(cli_tasks, "load_task", boom)
     code, _, err = run("render", "--task", "risk")
     assert code == 2 and err == "error: RuntimeError: boom; rerun with --debug for the traceback\n"
 
@@ -105,7 +106,7 @@ def test_interrupt_is_exit_2_in_one_line(monkeypatch):
     def interrupted(name):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "load_task", interrupted)
+    monkeypatch.setattr(cli_tasks, "load_task", interrupted)
     assert run("render", "--task", "risk") == (2, "", "error: interrupted\n")
 
 
