@@ -62,6 +62,9 @@ def add_tuning_flags(parser: argparse.ArgumentParser) -> None:
                         help="print the calls and tokens the run will take, per phase and model, and for a local "
                         "model its wall time on this machine (its scorer timed for a few seconds); tunes nothing")
     cli_store.add_store_flag(tuning)
+    tuning.add_argument("--stop-after", choices=["steps", "choice"],
+                        help="end the run early: after the tuning steps (the learning table; no choice), or after the "
+                             "choice on dev (the finalists and every bar; no held-out test). Neither writes the store")
     tuning.add_argument("--no-store", action="store_true", help="do not record the result in the store")
     tuning.add_argument("--no-promote", action="store_true", help="record the result but never move production")
     tuning.add_argument("--wandb-mode", choices=["offline", "online", "disabled"], default=RunOptions.wandb_mode,
@@ -91,6 +94,7 @@ def tuning_setup(args, store_url: str | None) -> tuple[TaskConfig, RunOptions]:
         run_dir=args.run_dir or str(Path("runs") / f"{task.name}-{time.strftime('%Y%m%d-%H%M%S')}"),
         dev_examples=args.dev_examples or None, wandb_mode=args.wandb_mode, wandb_project=args.wandb_project,
         wandb_entity=args.wandb_entity, store_url=store_url, promote=not args.no_promote, progress=not args.json,
+        stop_after=args.stop_after,
     )
     return task, options
 
@@ -197,6 +201,12 @@ def print_final_table(task: TaskConfig, report: dict) -> None:
     if report.get("choice"):
         print_choice(task, report["choice"])
     rows = report["test"]
+    if not rows:  # --stop-after: the run ended before its held-out test
+        print(f"\nstopped after the {report['stopped_after']} (--stop-after): no held-out test, gate or store")
+        if report.get("choice") and not report["choice"]["chosen"]:
+            print(report["choice"]["verdict"])
+        print(f"report: {report['run_dir']}/report.json   W&B (offline) run: {report['wandb_folder']}")
+        return
     metric = task.scoring.metric
     second = "token_f1" if task.is_generation else "roc_auc"
     columns = ["template_name", metric, *([second] if second != metric else []), "instruction_following_n", "instruction_following",

@@ -738,8 +738,9 @@ class RunOptions:
     progress: bool = True
     max_target_calls: int | None = None  # budget: calls to the target (pipelines/budget.py); None: no cap
     max_tokens: int | None = None  # budget: prompt + completion tokens of the target and the judge; None: no cap
-    final_test: bool = True  # False: stop after the choice (no test, gate or store); report the finalists
-    choose: bool = True  # False: stop after the steps (no choice either): what a study of the learning needs
+    # None: the whole run. "steps": end after the tuning steps (no choice, test or store): a study of the learning.
+    # "choice": end after the choice on dev (no held-out test, gate or store): the finalists and their bars.
+    stop_after: str | None = None
 
 
 # Reading task files moved to pipelines/task_files.py; these names stay importable from here, where tests, scripts

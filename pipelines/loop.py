@@ -158,7 +158,7 @@ def _run(task, options, pool, learner, tokenizer, tracker, state: LoopState, run
     seed_text = task.seed_template().text
     seed_dev = None  # what waits for the seed's evaluation on the whole dev split, for the choice (ScoringPool.seed)
     if not state.leaderboard:  # the seed is the first incumbent the policy improves on
-        seed, seed_dev = pool.seed(seed_text, evaluate=options.choose)
+        seed, seed_dev = pool.seed(seed_text, evaluate=options.stop_after != "steps")
         state.charge("seed", seed.usage)
         state.leaderboard = [_row(task, 0, seed)]
         _save_checkpoint(run_dir, learner, state)  # a server that dies in step 1 does not cost the seed again
@@ -179,11 +179,10 @@ def _run(task, options, pool, learner, tokenizer, tracker, state: LoopState, run
         _save_checkpoint(run_dir, learner, state)
         steps.set_postfix(reward=f"{scalars['reward/total/mean']:.3f}", best=f"{state.leaderboard[0]['total_reward']:.3f}")
     steps.close()
-    if not options.choose:  # a study of the learning (scripts/bench/learning.py): the steps are all it needs
+    if options.stop_after == "steps":  # --stop-after steps: a study of the learning needs no more
         _save_checkpoint(run_dir, learner, state)
-        return {"task": task.name, "run_dir": str(run_dir), "steps": state.step, "stopped": state.stopped,
-                "history": state.history, "learning": learning_table(state.history, state.sampled),
-                "choice": None, "test": [], "timings": timings}
+        return {**_early_report(task, run_dir, state, tracker, "steps"), "choice": None, "test": [],
+                "learning": learning_table(state.history, state.sampled), "timings": timings}
 
     # 6. choose on dev: the seed and the shortlist evaluated as the test will, then the gate's own rules with
     # margins and a paired test against the seed (pipelines/choice.py); tuning never reads test
@@ -200,14 +199,11 @@ def _run(task, options, pool, learner, tokenizer, tracker, state: LoopState, run
     timings["timing/select_s"] = time.perf_counter() - t
     log(choice.verdict)
     learning = learning_table(state.history, state.sampled)
-    if not options.final_test:  # a caller that tests the choice itself (scripts/bench/tuning.py)
+    if options.stop_after == "choice":  # --stop-after choice: the finalists and their bars, no test, gate or store
         state.charge("select", select_usage)
         _save_checkpoint(run_dir, learner, state)
-        spent = state.spent()
-        return {"task": task.name, "run_dir": str(run_dir), "steps": state.step, "stopped": state.stopped,
-                "usage": {"total": {role: u.as_dict() for role, u in spent.items()}, "phases": state.usage},
-                "finalists": [choice.chosen] if choice.chosen else [], "choice": choice.as_dict(), "test": [],
-                "history": state.history, "learning": learning, "timings": timings}
+        return {**_early_report(task, run_dir, state, tracker, "choice"), "choice": choice.as_dict(), "test": [],
+                "finalists": [choice.chosen] if choice.chosen else [], "learning": learning, "timings": timings}
     # 7. test: the seed template against the chosen candidate (if any) on the held-out split
     t = time.perf_counter()
     tested = [seed_text] + ([choice.chosen] if choice.chosen else [])
@@ -243,6 +239,15 @@ def _run(task, options, pool, learner, tokenizer, tracker, state: LoopState, run
         report["promotion"] = promote(task, options.store_url, evaluations, run_dir.name, allow=options.promote,
                                       no_candidate=None if choice.chosen else choice.verdict)
     return report
+
+
+def _early_report(task: TaskConfig, run_dir: Path, state: LoopState, tracker, stopped_after: str) -> dict:
+    """What a run that ends early (``--stop-after``) reports besides its own part: the steps, the spending."""
+    spent = state.spent()
+    return {"task": task.name, "run_dir": str(run_dir), "steps": state.step, "stopped": state.stopped,
+            "stopped_after": stopped_after, "wandb_folder": tracker.folder, "target_calls": spent["target"].calls,
+            "usage": {"total": {role: u.as_dict() for role, u in spent.items()}, "phases": state.usage},
+            "history": state.history, "candidates": state.candidates}
 
 
 def train_step(task: TaskConfig, pool, learner, tokenizer, state: LoopState, step: int, *, last: bool = False

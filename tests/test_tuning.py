@@ -117,6 +117,42 @@ def test_tune_runs_end_to_end_and_fills_wandb_and_the_store(tmp_path, capsys, ra
         assert s.get_label("risk-small", "production") is not None
 
 
+def test_stop_after_reaches_the_run_options_and_an_early_report_prints_what_ran(capsys):
+    from pipelines.cli import build_parser
+    from pipelines.cli_tune import print_final_table, tuning_setup
+
+    args = build_parser().parse_args(["--task", SMALL_TASK, "--stop-after", "choice"])
+    task, options = tuning_setup(args, None)
+    assert options.stop_after == "choice"
+    assert tuning_setup(build_parser().parse_args(["--task", SMALL_TASK]), None)[1].stop_after is None
+    report = {"learning": [{"step": 1, "mean_reward": 0.5}], "choice": None, "test": [], "stopped_after": "steps",
+              "run_dir": "runs/x", "wandb_folder": "runs/x/wandb/offline-run-1"}
+    print_final_table(task, report)
+    out = capsys.readouterr().out
+    assert "stopped after the steps (--stop-after): no held-out test, gate or store" in out
+    assert "learning: per step" in out and "runs/x/report.json" in out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop", ["choice", "steps"])
+def test_stop_after_ends_the_run_early_reports_what_ran_and_writes_no_store(stop, tmp_path, capsys, ray_session):
+    run_dir, store = tmp_path / "run", tmp_path / "store.sqlite"
+    code = main(["--task", SMALL_TASK, "--steps", "1", "--dev-examples", "0", "--finalists", "1", "--stop-after", stop,
+                 "--run-dir", str(run_dir), "--store", f"sqlite:///{store}"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["stopped_after"] == stop and report["steps"] == 1 and report["test"] == []
+    assert [row["step"] for row in report["learning"]] == [1] and report["target_calls"] > 0
+    assert f"stopped after the {stop} (--stop-after): no held-out test, gate or store" in out
+    assert "held-out test split" not in out and not store.exists()
+    if stop == "choice":  # the finalists with every bar, as a whole run shows them
+        assert [row["name"] for row in report["choice"]["ranking"]].count("seed") == 1
+        assert "the choice on the whole dev split" in out
+    else:
+        assert report["choice"] is None and "the choice" not in out
+
+
 @pytest.mark.e2e
 def test_a_dead_scoring_actor_is_replaced_and_the_step_completes(ray_session):
     import ray

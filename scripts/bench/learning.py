@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.learning --tasks risk sentiment --seeds 0 1 2 --steps 8
 
 Each (task, seed) is one tuning run of ``--steps`` steps with the task's own settings (``tune`` with
-``choose=False``: the steps only, no choice, test, gate or store), recorded as one JSON line in ``--ledger`` (a rerun skips what the
+``stop_after="steps"``: the steps only, no choice, test, gate or store), recorded as one JSON line in ``--ledger`` (a rerun skips what the
 ledger holds). Per step, every sample's reward is the one the policy was updated with (the race's screening
 rung: ``pipelines.racing.first_rung_reward``) and "feasible" is whether that sample met every promotion threshold
 measured on it (readability, and the rates where the screen measured them).
@@ -54,7 +54,7 @@ def run(task_name: str, seed: int, steps: int) -> dict:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         report = tune(task, RunOptions(steps=steps, run_dir=str(Path(tmp) / "run"), store_url=None, progress=False,
-                                       choose=False), log=lambda *a: print(*a, file=sys.stderr))
+                                       stop_after="steps"), log=lambda *a: print(*a, file=sys.stderr))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     return {"task": task_name, "seed": seed, "steps": steps, "wall_s": round(time.perf_counter() - started, 1),
             "machine": machine(), "commit": commit, "learning": report["learning"]}

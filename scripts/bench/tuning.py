@@ -159,11 +159,11 @@ def run_ppo(task, budget: int, plan, options) -> Outcome:
 
     from pipelines.loop import tune
 
-    # tune's budget covers its test too: add what the test is priced at (it does not run it: final_test=False)
+    # tune's budget covers its test too: add what the test is priced at (it does not run it: --stop-after choice)
     test_calls = plan.phases["test"]["target"].calls
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        report = tune(task, replace(options, steps=1000, max_target_calls=budget + test_calls, final_test=False,
+        report = tune(task, replace(options, steps=1000, max_target_calls=budget + test_calls, stop_after="choice",
                                     run_dir=str(Path(tmp) / "run"), store_url=None),
                       log=lambda *a: print(*a, file=sys.stderr))
     phases = report["usage"]["phases"]
