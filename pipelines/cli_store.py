@@ -23,6 +23,7 @@ import argparse
 import json
 import sys
 
+from pipelines.cli_flags import number
 from templates.routing import BUCKETS, DEFAULT_RAMP, MAX_RAMP_STEPS, bucket, takes_canary
 from templates.store import MAX_ID, StoreError, TemplateStore, Version, check_name, default_store_url
 
@@ -125,7 +126,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     action.add_argument("--canary", metavar="VERSION", help="start (or move) a canary on this version")
     action.add_argument("--advance", action="store_true", help="move the canary share to the ramp's next step")
     action.add_argument("--end", action="store_true", help="stop the canary; everyone gets production")
-    p.add_argument("--share", type=float, help="canary share with --canary, 0..1 (default: the ramp's first step)")
+    p.add_argument("--share", type=number(float, 0.0, 1.0),
+                   help="canary share with --canary, 0..1 (default: the ramp's first step)")
     p.add_argument("--ramp", type=_ramp, help=f"canary ramp with --canary, up to {MAX_RAMP_STEPS} increasing fractions, "
                    f"e.g. 0.05,0.5,1 (default: {','.join(f'{step:g}' for step in DEFAULT_RAMP)})")
     p.set_defaults(store_handler=_route)
@@ -158,10 +160,11 @@ def _ramp(text: str) -> tuple[float, ...]:
     steps = text.split(",", MAX_RAMP_STEPS)
     if len(steps) > MAX_RAMP_STEPS:
         raise argparse.ArgumentTypeError(f"the ramp has more than {MAX_RAMP_STEPS} steps; give fewer, e.g. 0.05,0.2,1")
+    fraction = number(float, 0.0, 1.0)
     try:
-        return tuple(float(step) for step in steps)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a comma-separated list of fractions, "
+        return tuple(fraction(step) for step in steps)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"the ramp {text[:40]!r}: {exc}; give increasing fractions, "
                                          "e.g. 0.05,0.2,1") from None
 
 

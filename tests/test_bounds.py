@@ -142,8 +142,7 @@ def test_every_numeric_flag_reads_bounds():
             for name, sub in (getattr(action, "choices", None) or {}).items() if action.nargs == "A..." else ():
                 walk(sub, words + [name])
     walk(cli.build_parser(), [])
-    # --share: the store's Canary checks it (0..1, NaN too) before anything changes
-    assert untyped == ["store route --share"], untyped
+    assert untyped == [], untyped
 
 
 def run(argv: list[str], capsys) -> tuple[int, str, str]:
@@ -182,6 +181,12 @@ def test_a_flag_outside_its_bounds_is_exit_2_in_one_line(capsys, words, flag, ki
 def test_the_estimate_refuses_settings_no_one_means(capsys, argv):
     err = refused_in_one_line(["--task", "risk", "--estimate", *argv], capsys)
     assert argv[0] in err
+
+
+@pytest.mark.parametrize("args", [["--share", "nan"], ["--share", "1.5"], ["--ramp", "0.05,inf"], ["--ramp", "0.1,x"]])
+def test_a_canary_share_or_ramp_step_outside_0_to_1_is_refused_by_the_flag(capsys, args):
+    err = refused_in_one_line(["store", "route", "risk", "--canary", "2", *args], capsys)
+    assert f"argument {args[0]}" in err and ("from 0 to 1" in err or "is not a number" in err)
 
 
 def test_a_ramp_of_100000_steps_is_refused_in_a_short_line(capsys):
