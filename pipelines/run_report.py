@@ -11,6 +11,9 @@ The page loads nothing: the figures are inline SVG, drawn with matplotlib's ``Fi
 backend, no global state; imported only when drawing, so importing the CLI stays fast), the style is inline,
 and a Content-Security-Policy forbids anything else. Every string taken from the report is escaped: the
 instructions and answers are model output.
+
+The module is long because the page is one document: seven sections, their figures and the escaping every
+section relies on; each section is one function, in page order.
 """
 
 from __future__ import annotations

@@ -25,6 +25,9 @@ Two modes:
 * ``evaluate`` (``tune-prompts eval``, final tables, the promotion gate): any split, the production decision
   (``fit_decision``: a threshold fitted on train examples, argmax, or the parsed answer), every metric and rate,
   per-request latency and render time. ``TemplateReader.predict`` applies the same decision at serving time.
+
+The module is long because ``CandidateScorer`` is one measurement: every figure a template gets on a split,
+under one decision, counted against one usage meter; its pieces are methods in the order ``measure`` calls them.
 """
 
 from __future__ import annotations

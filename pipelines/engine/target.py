@@ -40,6 +40,9 @@ path projects onto the label rows in float32): scores differ by up to about 0.3 
 The module is long because it holds the steps those savings take (prefix sharing and reuse, batching,
 threads) next to the one ``score`` call they serve, and transformers' packed-attention path for the models
 the written-out pass does not cover; the layout, the written-out pass and the cache are modules of their own.
+
+The module is long because the fast path (shared prefixes, packed rows, the per-thread split, the cache) must
+compute exactly what ``score_naive`` does, and the two are easiest to keep equal when read side by side.
 """
 
 from __future__ import annotations

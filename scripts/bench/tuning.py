@@ -41,6 +41,9 @@ to PPO runs only PPO's searches again).
 
 The default budget is what the task's default run spends before its test (the seed, its steps, the selection),
 as `--estimate` prices it.
+
+The module is long because each method's search, the ledger bookkeeping around it and the table are one
+experiment, read top to bottom; the fingerprint rule lives apart, in ``bench.ledger``.
 """
 
 from __future__ import annotations
