@@ -138,6 +138,22 @@ def test_in_the_loop_a_lie_counts_as_an_answer_naming_no_label(server, mode):
     assert s.score(TEMPLATE, [SCAM])[0, 0] > -0.5  # not cached: asked again once the server tells the truth
 
 
+@pytest.mark.parametrize("mode", ["garbage", "nan"])
+def test_in_the_loop_a_server_that_never_keeps_the_contract_ends_the_run_but_later_lies_are_data(server, mode):
+    server.faults.mode = mode
+    liar = scorer(server.base_url, bad_responses="count", breaker_failures=4)
+    texts = [f"message {i}" for i in range(6)]
+    with pytest.raises(EndpointError, match=r"kept the API's contract in none of its first [4-6] answers, so it serves no model") as raised:
+        liar.score(TEMPLATE, texts)
+    assert not isinstance(raised.value, EndpointResponseError) and liar.stats.responses_invalid <= len(texts)
+    server.faults.mode = None
+    honest_first = scorer(server.base_url, bad_responses="count", breaker_failures=4)
+    assert honest_first.score(TEMPLATE, [SCAM])[0, 0] > -0.5
+    server.faults.mode = mode  # it kept the contract once: a lie after that is an answer naming no label
+    assert honest_first.score(TEMPLATE, texts) == pytest.approx(np.full((6, 2), -math.log(2)))
+    assert honest_first.stats.responses_invalid == 6
+
+
 def test_a_log_prob_above_zero_is_a_lie(server):
     server.backend = srv.ScriptedBackend(lambda prompt: [("yes", 0.7), ("no", -1.0)])
     with pytest.raises(EndpointResponseError, match=r"log-prob 0\.7 for 'yes': above 0"):

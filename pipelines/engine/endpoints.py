@@ -273,6 +273,8 @@ class EndpointLabelScorer:
         self.max_retry_after_s = max_retry_after_s
         self.max_concurrency = max_concurrency
         self.bad_responses = bad_responses
+        self.breaker_failures = breaker_failures
+        self._kept_contract = False  # a response has kept the API's contract: later breaches are data
         self.max_response_bytes = max_response_bytes
         self.route = "/chat/completions" if chat else "/completions"
         self._breaker = _Breaker(self.base_url, breaker_failures, deadline_s)
@@ -369,6 +371,7 @@ class EndpointLabelScorer:
         except EndpointResponseError as exc:
             self._invalid(exc)
             return Answer("", False, 0)  # no answer is an empty one, which breaks any output contract
+        self._kept_contract = True
         text = (choice.message.content if choice.message else None) if self.chat else choice.text
         usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
         tokens = _count(usage.get("completion_tokens"))
@@ -410,18 +413,26 @@ class EndpointLabelScorer:
     def _score_or_none(self, prompt: str) -> np.ndarray | None:
         """``_score_one``, or None for a response that broke the API's contract when those are counted."""
         try:
-            return self._score_one(prompt)
+            scores = self._score_one(prompt)
         except EndpointResponseError as exc:
             self._invalid(exc)
             return None
+        self._kept_contract = True
+        return scores
 
     def _invalid(self, exc: EndpointResponseError) -> None:
-        """A response that broke the contract: raised (predict, eval) or counted as no answer (the loop)."""
+        """A response that broke the contract: raised (predict, eval) or counted as no answer (the loop). A server
+        whose first ``breaker_failures`` responses all broke it is not serving a model: that ends the run too."""
         if self.bad_responses == "raise":
             raise exc
         with self._lock:
             self.stats.responses_invalid += 1
             first = self.stats.responses_invalid == 1
+            never = not self._kept_contract and self.stats.responses_invalid >= self.breaker_failures
+        if never:
+            raise EndpointError(f"{self.base_url} kept the API's contract in none of its first "
+                                f"{self.stats.responses_invalid} answers, so it serves no model to tune. The last: "
+                                f"{exc}") from None
         if first:
             logger.warning("%s; counted as an answer naming no label (stats.responses_invalid)", exc)
 
