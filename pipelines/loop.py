@@ -300,8 +300,8 @@ def check_sources(options: RunOptions, log) -> None:
     served one answers ``GET /models`` with its model (each actor checks again, for itself). Otherwise a scoring
     actor would fail while starting, and the pool would replace it until it gave up."""
     from pipelines.config import ConfigError, Endpoint
-    from pipelines.engine.endpoints import EndpointLabelScorer
     from pipelines.engine.models import check_model_spec
+    from pipelines.scoring import check_endpoint
 
     check_model_spec(options.policy_model)
     for role, source in (("target", options.target), ("judge", options.judge)):
@@ -309,11 +309,9 @@ def check_sources(options: RunOptions, log) -> None:
             check_model_spec(source)
         elif isinstance(source, Endpoint):
             try:
-                scorer = EndpointLabelScorer(source.url, source.model, ["yes", "no"], api_key_env=source.api_key_env,
-                                             timeout_s=source.timeout_s, deadline_s=source.deadline_s)
+                check_endpoint(source)
             except ValueError as exc:  # a URL without http://, no model name
                 raise ConfigError(f"--{role}-url: {exc}") from None
-            scorer.check()
             log(f"{role}: {source.model} at {source.url}, up to {source.max_concurrency} requests in flight per actor")
 
 
