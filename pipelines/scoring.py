@@ -80,6 +80,33 @@ class Evaluation:
     latency: Latency | None = None  # measured for valid templates unless asked not to
     usage: dict[str, Usage] = field(default_factory=dict)  # role -> calls and tokens, latency probes included
 
+    def as_record(self) -> dict[str, Any]:
+        """This evaluation as a JSON-ready record: the one form every report reads it in (eval's report.json, which
+        adds the task and the reward's weights; a run's final table, which is also W&B's leaderboard; the choice's
+        table) and the store's records are made from (``pipelines.promotion.record``)."""
+        m, lat = self.measured, self.latency
+        return {
+            "template": m.template,
+            "split": self.split,
+            "examples": self.n_examples,
+            "valid": m.valid,
+            "invalid_reasons": list(m.reasons),
+            "reward": {"total": self.reward.total, "components": dict(self.reward.components)},
+            "metrics": dict(m.metrics),
+            "decision": self.decision.to_dict() if self.decision else None,
+            "decision_threshold": self.decision.threshold if self.decision else None,
+            "pdr": dict(m.pdr),
+            "judge": dict(m.judge),
+            "rates": {name: {"kept": kept, "of": total, "rate": kept / total if total else None}
+                      for name, (kept, total) in m.rates.items()},
+            "samples": [dict(sample) for sample in m.samples],
+            "template_tokens": m.tokens,
+            "latency_ms": {"p50": lat.p50_ms, "p95": lat.p95_ms} if lat else {},
+            "request_error_rate": lat.error_rate if lat else None,
+            "render_us_p99": lat.render_us_p99 if lat else None,
+            "timing_s": {k: round(v, 3) for k, v in m.timing.items()},
+        }
+
 
 @dataclass(frozen=True)
 class Latency:
