@@ -154,7 +154,7 @@ def _run(task, options, pool, learner, tokenizer, tracker, state: LoopState, run
     from pipelines.choice import choose
     from pipelines.promotion import gate
 
-    timings = {}
+    timings: dict[str, float] = {}
     seed_text = task.seed_template().text
     seed_dev = None  # what waits for the seed's evaluation on the whole dev split, for the choice (ScoringPool.seed)
     if not state.leaderboard:  # the seed is the first incumbent the policy improves on
