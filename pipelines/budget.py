@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -33,6 +33,7 @@ from pipelines.config import Endpoint, ModelSource, RunOptions, TaskConfig
 from pipelines.data import Splits
 from pipelines.engine.answers import Answer
 from pipelines.engine.usage import ROLES, Usage
+from templates.template import Template
 
 PHASES = ("seed", "steps", "select", "test")
 
@@ -137,7 +138,7 @@ class Plan:
 
 
 class CountingModel:
-    """A stand-in for a label scorer that answers at once and counts what the real model would be asked,
+    """A stand-in for a label scorer (a ``pipelines.engine.scorer.Scorer``) that answers at once and counts what the real model would be asked,
     with the real scorers' caches: (template, input) for log-probs, (template, input, limit) for answers.
     ``served``: a server or a local model; ``labels_with_answers``: an answer's pass also gives the label
     log-probs (a local float32 model; default: when not served)."""
@@ -181,7 +182,7 @@ class CountingModel:
         raw = np.log(np.array([value + 0.1] + [1.1 - value] * (len(self.verbalizers) - 1)))
         return (raw - np.logaddexp.reduce(raw)).astype(np.float32)
 
-    def score(self, template, texts: Sequence[str]) -> np.ndarray:
+    def score(self, template: Template, texts: Sequence[str]) -> np.ndarray:
         ran = []
         for text in dict.fromkeys(texts):
             if (template.text, text) not in self._scored:
@@ -191,7 +192,8 @@ class CountingModel:
         self._worked(template, ran)
         return np.stack([self._row(text) for text in texts]) if texts else np.zeros((0, len(self.verbalizers)))
 
-    def answer(self, template, texts: Sequence[str], max_new_tokens: int, complete=None) -> list[Answer]:
+    def answer(self, template: Template, texts: Sequence[str], max_new_tokens: int,
+               complete: Callable[[str], bool] | None = None) -> list[Answer]:
         key = (template.text, max_new_tokens) if self.served else (template.text, max_new_tokens, complete is not None)
         ran = []
         for text in dict.fromkeys(texts):
@@ -206,7 +208,7 @@ class CountingModel:
         word = f"{self.verbalizers[0]} {hashlib.sha256(template.text.encode()).hexdigest()[:8]}"
         return [Answer(word, False, max_new_tokens) for _ in texts]
 
-    def request_latency_ms(self, template, texts: Sequence[str], n: int = 12) -> dict[str, float]:
+    def request_latency_ms(self, template: Template, texts: Sequence[str], n: int = 12) -> dict[str, float]:
         for text in list(texts)[:n]:
             self.usage.add(1, self._prompt_tokens(template, text), 1 if self.served else 0)
             self.work += self._prompt_tokens(template, text)  # one request at a time, the whole prompt

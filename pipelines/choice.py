@@ -177,12 +177,12 @@ def metric_interval(task: TaskConfig, outcomes, level: float = 0.95) -> list[flo
 
 
 def _row(task: TaskConfig, ev, name: str, decision: Decision | None, paired: Paired | None) -> dict:
-    m = ev.measured
+    r = ev.as_record()
     metric = task.scoring.metric
-    return {"name": name, "template": m.template, "instruction": instruction_of(task, m.template),
-            "valid": m.valid, "tokens": m.tokens, metric: m.metrics.get(metric),
-            **{k: ev.reward.components.get(k) for k in task.promotion.thresholds},
-            "latency_p95_ms": ev.latency.p95_ms if ev.latency else None,
+    return {"name": name, "template": r["template"], "instruction": instruction_of(task, r["template"]),
+            "valid": r["valid"], "tokens": r["template_tokens"], metric: r["metrics"].get(metric),
+            **{k: r["reward"]["components"].get(k) for k in task.promotion.thresholds},
+            "latency_p95_ms": r["latency_ms"].get("p95"),
             "gain": paired.gain if paired else None, "gain_lower": paired.lower if paired else None,
             "p_value": paired.p_value if paired else None,
             "bars": list(decision.reasons) if decision else ["fail: invalid template"],

@@ -16,31 +16,11 @@ from pipelines.task_files import load_task, read_template_file
 
 
 def evaluation_report(task: TaskConfig, ev, name: str) -> dict:
-    """One template's evaluation as a flat, JSON-ready record."""
-    m = ev.measured
-    return {
-        "task": task.name,
-        "template_name": name,
-        "template": m.template,
-        "split": ev.split,
-        "examples": ev.n_examples,
-        "valid": m.valid,
-        "invalid_reasons": list(m.reasons),
-        "reward": {"total": ev.reward.total, "weights": dict(task.reward.weights), "components": dict(ev.reward.components)},
-        "metrics": dict(m.metrics),
-        "decision": ev.decision.to_dict() if ev.decision else None,
-        "decision_threshold": ev.decision.threshold if ev.decision else None,
-        "pdr": dict(m.pdr),
-        "judge": dict(m.judge),
-        "rates": {name: {"kept": kept, "of": total, "rate": kept / total if total else None}
-                  for name, (kept, total) in m.rates.items()},
-        "samples": [dict(sample) for sample in m.samples],
-        "template_tokens": m.tokens,
-        "latency_ms": {"p50": ev.latency.p50_ms, "p95": ev.latency.p95_ms} if ev.latency else {},
-        "request_error_rate": ev.latency.error_rate if ev.latency else None,
-        "render_us_p99": ev.latency.render_us_p99 if ev.latency else None,
-        "timing_s": {k: round(v, 3) for k, v in m.timing.items()},
-    }
+    """One template's evaluation as a flat, JSON-ready record (``Evaluation.as_record``, the reward's weights beside)."""
+    record = ev.as_record()
+    reward = {"total": record["reward"]["total"], "weights": dict(task.reward.weights),
+              "components": record["reward"]["components"]}
+    return {"task": task.name, "template_name": name, **record, "reward": reward}
 
 
 def print_report(report: dict) -> None:

@@ -7,46 +7,41 @@ import argparse
 import math
 from typing import get_args
 
-import annotated_types
 from pydantic import BaseModel
 
-from pipelines.config import ConfigError, Endpoint, FlagSettings, ModelSource
+from pipelines.config import Bounds, ConfigError, Endpoint, FlagSettings, ModelSource, bounds_of
 from pipelines.engine.models import EMBEDDED
 from pipelines.task_files import builtin_tasks
 
 
-def number(kind: type, low: float, high: float, *, above: bool = False):
-    """An argparse type: a finite ``kind`` (int or float) from ``low`` (more than it, with ``above``) to ``high``."""
-    def parse(text: str):
+class Number:
+    """An argparse type: a finite ``kind`` (int or float) within ``bounds``."""
+
+    def __init__(self, kind: type[int] | type[float], bounds: Bounds) -> None:
+        self.kind, self.limits = kind, bounds
+        self.bounds = (bounds.low, bounds.high, kind is int, bounds.above)  # what the tests feed it
+
+    def __call__(self, text: str) -> float:
         try:
-            value = kind(text)  # int() refuses '1e30' and numbers of thousands of digits
+            value = self.kind(text)  # int() refuses '1e30' and numbers of thousands of digits
         except ValueError:
             raise argparse.ArgumentTypeError(
-                f"{text[:40]!r} is not a {'whole number' if kind is int else 'number'}") from None
-        if not math.isfinite(value) or value < low or value > high or (above and value == low):
-            bounds = f"{'more than' if above else 'from'} {low:,.12g} to {high:,.12g}"
-            raise argparse.ArgumentTypeError(f"{text[:40]} is out of range: give a number {bounds}")
+                f"{text[:40]!r} is not a {'whole number' if self.kind is int else 'number'}") from None
+        if not math.isfinite(value) or not self.limits.admit(value):
+            raise argparse.ArgumentTypeError(f"{text[:40]} is out of range: give a number {self.limits}")
         return value
-    parse.bounds = (low, high, kind is int, above)  # what the tests feed it
-    return parse
 
 
-def setting(model: type[BaseModel], name: str):
+def number(kind: type[int] | type[float], low: float, high: float, *, above: bool = False) -> Number:
+    """An argparse type: a finite ``kind`` from ``low`` (more than it, with ``above``) to ``high``."""
+    return Number(kind, Bounds(low, high, above))
+
+
+def setting(model: type[BaseModel], name: str) -> Number:
     """The argparse type of the flag that gives ``model``'s field ``name``: its number type and the bounds its
-    Field states, so that a flag accepts what the task file (or ``FlagSettings``) accepts and nothing else."""
-    field = model.model_fields[name]
-    kind = float if float in (field.annotation, *get_args(field.annotation)) else int
-    low, high, above = -math.inf, math.inf, False
-    for bound in field.metadata:
-        if isinstance(bound, annotated_types.Ge):
-            low = bound.ge
-        elif isinstance(bound, annotated_types.Gt):
-            low, above = bound.gt, True
-        elif isinstance(bound, annotated_types.Le):
-            high = bound.le
-        elif isinstance(bound, annotated_types.Lt):  # no flag's field has one; a float flag would need 'below'
-            raise TypeError(f"{model.__name__}.{name}: give the flag's bound as le, not lt")
-    return number(kind, low, high, above=above)
+    Field states (``config.bounds_of``), so that a flag accepts what the task file (or ``FlagSettings``) accepts."""
+    annotation = model.model_fields[name].annotation
+    return Number(float if float in (annotation, *get_args(annotation)) else int, bounds_of(model, name))
 
 
 def add_task_flag(p: argparse.ArgumentParser, *, required: bool = True) -> None:

@@ -99,9 +99,9 @@ def cmd_render(args) -> int:
     print(f"task {escape(task.name)}: template ({len(template.text)} characters, variables {list(template.variables)})")
     print("  " + escape(template.text, keep="\n\t").replace("\n", "\n  "))
     for i, item in enumerate(rendered, 1):
-        expected = (f"reference: {json.dumps(item['reference'], ensure_ascii=False)}" if task.is_generation
-                    else f"label: {item['label']}")
-        print(f"\n--- example {i} of the {args.split} split ({escape(expected)}) ---")
+        answer = (f"reference: {json.dumps(item['reference'], ensure_ascii=False)}" if task.is_generation
+                  else f"label: {item['label']}")
+        print(f"\n--- example {i} of the {args.split} split ({escape(answer)}) ---")
         print(escape(item["prompt"], keep="\n\t"))
     return 0
 

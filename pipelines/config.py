@@ -15,7 +15,9 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal, NamedTuple, cast, get_args
+
+import annotated_types
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -675,13 +677,34 @@ def _flag_default(name: str):
     return FlagSettings.model_fields[name].default
 
 
-def bounds_of(model: type[BaseModel], name: str) -> tuple[float, float]:
-    """(lowest, highest) that ``model``'s field ``name`` accepts, from its Field's ge/gt/le."""
-    low, high = -math.inf, math.inf
+class Bounds(NamedTuple):
+    """What a numeric field accepts: from ``low`` (or more than it, with ``above``) to ``high``."""
+
+    low: float
+    high: float
+    above: bool = False
+
+    def admit(self, value: float) -> bool:
+        return self.low <= value <= self.high and not (self.above and value == self.low)
+
+    def __str__(self) -> str:
+        return f"{'more than' if self.above else 'from'} {self.low:,.12g} to {self.high:,.12g}"
+
+
+def bounds_of(model: type[BaseModel], name: str) -> Bounds:
+    """The bounds ``model``'s field ``name`` states with its Field's ge, gt and le: the one reading of them, for the
+    YAML's checks (pydantic's own), a flag's argparse type (``cli_flags.setting``) and ``Endpoint``."""
+    low, high, above = -math.inf, math.inf, False
     for bound in model.model_fields[name].metadata:
-        low = getattr(bound, "ge", getattr(bound, "gt", low))
-        high = getattr(bound, "le", high)
-    return low, high
+        if isinstance(bound, annotated_types.Ge):
+            low = cast(float, bound.ge)
+        elif isinstance(bound, annotated_types.Gt):
+            low, above = cast(float, bound.gt), True
+        elif isinstance(bound, annotated_types.Le):
+            high = cast(float, bound.le)
+        elif isinstance(bound, annotated_types.Lt):  # a flag's message says "to HIGH": give the bound as le
+            raise TypeError(f"{model.__name__}.{name}: give the upper bound as le, not lt")
+    return Bounds(low, high, above)
 
 
 # the Endpoint fields FlagSettings bounds (a served model's waits, retries and concurrency)
@@ -709,9 +732,9 @@ class Endpoint:
     def __post_init__(self) -> None:
         for name in ENDPOINT_FIELDS:
             value = getattr(self, name)
-            low, high = bounds_of(FlagSettings, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-                raise ConfigError(f"endpoint {name}={value!r} is out of range: give {low:g} to {high:g}")
+            bounds = bounds_of(FlagSettings, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not bounds.admit(value):
+                raise ConfigError(f"endpoint {name}={value!r} is out of range: give a number {bounds}")
 
 
 ModelSource = str | Endpoint  # a model id, folder or EMBEDDED; or a served model

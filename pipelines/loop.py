@@ -154,7 +154,7 @@ def _run(task, options, pool, learner, tokenizer, tracker, state: LoopState, run
     from pipelines.choice import choose
     from pipelines.promotion import gate
 
-    timings = {}
+    timings: dict[str, float] = {}
     seed_text = task.seed_template().text
     seed_dev = None  # what waits for the seed's evaluation on the whole dev split, for the choice (ScoringPool.seed)
     if not state.leaderboard:  # the seed is the first incumbent the policy improves on
@@ -305,8 +305,8 @@ def check_sources(options: RunOptions, log) -> None:
     served one answers ``GET /models`` with its model (each actor checks again, for itself). Otherwise a scoring
     actor would fail while starting, and the pool would replace it until it gave up."""
     from pipelines.config import ConfigError, Endpoint
-    from pipelines.engine.endpoints import EndpointLabelScorer
     from pipelines.engine.models import check_model_spec
+    from pipelines.scoring import check_endpoint
 
     check_model_spec(options.policy_model)
     for role, source in (("target", options.target), ("judge", options.judge)):
@@ -314,11 +314,9 @@ def check_sources(options: RunOptions, log) -> None:
             check_model_spec(source)
         elif isinstance(source, Endpoint):
             try:
-                scorer = EndpointLabelScorer(source.url, source.model, ["yes", "no"], api_key_env=source.api_key_env,
-                                             timeout_s=source.timeout_s, deadline_s=source.deadline_s)
+                check_endpoint(source)
             except ValueError as exc:  # a URL without http://, no model name
                 raise ConfigError(f"--{role}-url: {exc}") from None
-            scorer.check()
             log(f"{role}: {source.model} at {source.url}, up to {source.max_concurrency} requests in flight per actor")
 
 
@@ -423,18 +421,18 @@ def _final_row(task: TaskConfig, name: str, ev, gate) -> dict:
     counts, and the gate's decision with every reason (the seed against no incumbent, candidates against it)."""
     from pipelines.choice import metric_interval
 
-    m, lat = ev.measured, ev.latency
-    row = {"template_name": name, "instruction": instruction_of(task, m.template), "valid": m.valid,
-           "decision": ev.decision.kind if ev.decision else None,
-           "total_reward": ev.reward.total, **{k: m.metrics.get(k) for k in _metric_names(task)},
-           **{name: ev.reward.components.get(name) for name in (*RATES, "readability")},
+    m, r = ev.measured, ev.as_record()
+    row = {"template_name": name, "instruction": instruction_of(task, r["template"]), "valid": r["valid"],
+           "decision": r["decision"]["kind"] if r["decision"] else None,
+           "total_reward": r["reward"]["total"], **{k: r["metrics"].get(k) for k in _metric_names(task)},
+           **{name: r["reward"]["components"].get(name) for name in (*RATES, "readability")},
            **{f"{name}_n": rate_text(m, name) for name in RATES},
-           "tokens": m.tokens, "latency_p95_ms": lat.p95_ms if lat else None,
-           "render_us_p99": lat.render_us_p99 if lat else None, "template": m.template,
+           "tokens": r["template_tokens"], "latency_p95_ms": r["latency_ms"].get("p95"),
+           "render_us_p99": r["render_us_p99"], "template": r["template"],
            "gate_passed": gate.promote if gate else False,
            "gate_reasons": list(gate.reasons) if gate else ["fail: invalid template"]}
     row[f"{task.scoring.metric}_ci95"] = metric_interval(task, m.outcomes)  # over the test examples, for the report
-    row.update({f"pdr/{k}": v for k, v in m.pdr.items()})
-    row.update(m.judge)
-    row["samples"] = [dict(sample) for sample in m.samples]
+    row.update({f"pdr/{k}": v for k, v in r["pdr"].items()})
+    row.update(r["judge"])
+    row["samples"] = r["samples"]
     return row

@@ -28,13 +28,13 @@ def record(ev: Evaluation) -> tuple[dict, dict]:
     """The store's ``scores`` and ``latency`` for an evaluated template (its held-out figures). A figure that was
     not measured (no latency; NaN where every probe request failed or a metric is undefined) is left out: the
     store keeps measured figures only, and the gate reads a missing one as failing its bar."""
-    m, lat = ev.measured, ev.latency
-    test = {**m.metrics, **{k: v for k, v in ev.reward.components.items() if v is not None},
-            "total_reward": ev.reward.total}
-    latency = {"template_tokens": m.tokens,
-               "latency_p50_ms": lat.p50_ms if lat else None, "latency_p95_ms": lat.p95_ms if lat else None,
-               "render_us_p99": lat.render_us_p99 if lat else None, "error_rate": lat.error_rate if lat else None}
-    return {ev.split: _measured(test)}, _measured(latency)
+    r = ev.as_record()
+    test = {**r["metrics"], **{k: v for k, v in r["reward"]["components"].items() if v is not None},
+            "total_reward": r["reward"]["total"]}
+    latency = {"template_tokens": r["template_tokens"], "latency_p50_ms": r["latency_ms"].get("p50"),
+               "latency_p95_ms": r["latency_ms"].get("p95"), "render_us_p99": r["render_us_p99"],
+               "error_rate": r["request_error_rate"]}
+    return {r["split"]: _measured(test)}, _measured(latency)
 
 
 def _measured(figures: dict) -> dict:

@@ -36,13 +36,14 @@ import hashlib
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from pipelines.config import Endpoint, ModelSource, TaskConfig
 from pipelines.data import Example, Splits
 from pipelines.engine.models import LoadedLM, load_causal_lm, load_tokenizer
+from pipelines.engine.scorer import Scorer
 from pipelines.engine.usage import Metered, Usage, sum_usage
 from rewards import generation_metrics as gm
 from rewards import promptbench_metrics as pbm
@@ -81,6 +82,33 @@ class Evaluation:
     decision: DecisionRule | None  # the production decision the metrics were computed with (None: invalid)
     latency: Latency | None = None  # measured for valid templates unless asked not to
     usage: dict[str, Usage] = field(default_factory=dict)  # role -> calls and tokens, latency probes included
+
+    def as_record(self) -> dict[str, Any]:
+        """This evaluation as a JSON-ready record: the one form every report reads it in (eval's report.json, which
+        adds the task and the reward's weights; a run's final table, which is also W&B's leaderboard; the choice's
+        table) and the store's records are made from (``pipelines.promotion.record``)."""
+        m, lat = self.measured, self.latency
+        return {
+            "template": m.template,
+            "split": self.split,
+            "examples": self.n_examples,
+            "valid": m.valid,
+            "invalid_reasons": list(m.reasons),
+            "reward": {"total": self.reward.total, "components": dict(self.reward.components)},
+            "metrics": dict(m.metrics),
+            "decision": self.decision.to_dict() if self.decision else None,
+            "decision_threshold": self.decision.threshold if self.decision else None,
+            "pdr": dict(m.pdr),
+            "judge": dict(m.judge),
+            "rates": {name: {"kept": kept, "of": total, "rate": kept / total if total else None}
+                      for name, (kept, total) in m.rates.items()},
+            "samples": [dict(sample) for sample in m.samples],
+            "template_tokens": m.tokens,
+            "latency_ms": {"p50": lat.p50_ms, "p95": lat.p95_ms} if lat else {},
+            "request_error_rate": lat.error_rate if lat else None,
+            "render_us_p99": lat.render_us_p99 if lat else None,
+            "timing_s": {k: round(v, 3) for k, v in m.timing.items()},
+        }
 
 
 @dataclass(frozen=True)
@@ -181,8 +209,17 @@ def _load(source: ModelSource | LoadedLM) -> LoadedLM | Endpoint:
     return load_causal_lm(source) if isinstance(source, str) else source
 
 
+def check_endpoint(source: Endpoint) -> list[str]:
+    """``check_served_model`` for a served target or judge: its server answers ``GET /models`` and serves its
+    model, within the endpoint's own timeout. The served model ids."""
+    from pipelines.engine.endpoints import check_served_model
+
+    return check_served_model(source.url, source.model, api_key_env=source.api_key_env,
+                              timeout_s=min(source.timeout_s, source.deadline_s))
+
+
 def label_scorer(source: ModelSource | LoadedLM, verbalizers: Sequence[str], *, chat_template: bool, batch_size: int = 64,
-                 bad_responses: str = "raise"):
+                 bad_responses: str = "raise") -> Scorer:
     """A label scorer answering with ``verbalizers``: in-process for a model (loaded here if it is a name), or
     through an OpenAI-compatible server for an ``Endpoint`` (checked with ``GET /models`` first; ``bad_responses``
     as ``build_scorer`` takes it)."""
@@ -190,14 +227,13 @@ def label_scorer(source: ModelSource | LoadedLM, verbalizers: Sequence[str], *, 
 
     model = _load(source)
     if isinstance(model, Endpoint):
-        scorer = make_label_scorer(model.url, verbalizers, model=model.model, chat_template=chat_template,
-                                   api_key_env=model.api_key_env, max_concurrency=model.max_concurrency,
-                                   timeout_s=model.timeout_s, max_retries=model.max_retries,
-                                   top_logprobs=model.top_logprobs, deadline_s=model.deadline_s,
-                                   max_retry_after_s=model.max_retry_after_s,
-                                   breaker_failures=model.breaker_failures, bad_responses=bad_responses)
-        scorer.check()  # the server answers and serves the model, before any work starts
-        return scorer
+        check_endpoint(model)  # the server answers and serves the model, before any work starts
+        return make_label_scorer(model.url, verbalizers, model=model.model, chat_template=chat_template,
+                                 api_key_env=model.api_key_env, max_concurrency=model.max_concurrency,
+                                 timeout_s=model.timeout_s, max_retries=model.max_retries,
+                                 top_logprobs=model.top_logprobs, deadline_s=model.deadline_s,
+                                 max_retry_after_s=model.max_retry_after_s,
+                                 breaker_failures=model.breaker_failures, bad_responses=bad_responses)
     return make_label_scorer(model, list(verbalizers), chat_template=chat_template, batch_size=batch_size)
 
 
@@ -222,12 +258,10 @@ def _shown(value):
 
 
 class CandidateScorer:
-    def __init__(self, task: TaskConfig, splits: Splits, target, judge, tokenizer, *, reward_examples: int | None = None,
-                 reader=None):
-        """``target`` and ``judge``: label scorers, anything with ``score(template, texts) -> log-probs``,
-        ``answer(template, texts, max_new_tokens, complete) -> answers``, ``verbalizers`` and ``stats``
-        (``LabelScorer``, ``EndpointLabelScorer``); the target answers with the task's verbalizers in label order,
-        the judge with ``JUDGE_VERBALIZERS``. ``build_scorer`` makes them. ``reader``: instructions -> readability
+    def __init__(self, task: TaskConfig, splits: Splits, target: Scorer, judge: Scorer, tokenizer, *,
+                 reward_examples: int | None = None, reader=None):
+        """``target`` and ``judge``: label scorers (``pipelines.engine.scorer.Scorer``); the target answers with the
+        task's verbalizers in label order, the judge with ``JUDGE_VERBALIZERS``. ``build_scorer`` makes them. ``reader``: instructions -> readability
         (``reader_for``); None: readability is not read (the budget's counting stand-ins)."""
         for scorer, words, role in ((target, scorer_words(task), "target"), (judge, list(JUDGE_VERBALIZERS), "judge")):
             if list(getattr(scorer, "verbalizers", ())) != words:

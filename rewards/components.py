@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence, TypeGuard
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ class Measured:
         return kept / total if total else None
 
 
-def _finite(x) -> bool:
+def _finite(x: float | None) -> TypeGuard[float]:
     return x is not None and not (isinstance(x, float) and math.isnan(x))
 
 

@@ -204,6 +204,8 @@ class StoreDatabase:
         self.busy_timeout_s = busy_timeout_s
         self.read_only = False  # an SQLite store whose folder or file this process may not write
         self._lock = threading.RLock()
+        self._conn: sqlite3.Connection | _PostgresConnection
+        self._db_error: type[Exception]  # what the driver raises
         scheme, sep, _ = url.partition("://")
         if sep and scheme in ("postgresql", "postgres"):
             self._dialect = _POSTGRESQL

@@ -76,7 +76,7 @@ import threading
 import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 import numpy as np
 from pydantic import ValidationError
@@ -85,6 +85,7 @@ from pipelines.engine import http_deadline
 from pipelines.engine import openai_responses as api
 from pipelines.engine.answers import Answer, AnswerCache
 from pipelines.engine.pair_cache import PairCache
+from pipelines.engine.scorer import Scorer
 from pipelines.engine.usage import Usage
 from templates.template import Template
 
@@ -216,7 +217,8 @@ def _retry_after_s(value: str | None) -> float | None:
 
 
 class EndpointLabelScorer:
-    """Label scoring through an OpenAI-compatible server. ``score`` is not re-entrant; one per caller."""
+    """Label scoring through an OpenAI-compatible server (a ``pipelines.engine.scorer.Scorer``). ``score`` is not
+    re-entrant; one per caller."""
 
     def __init__(
         self,
@@ -239,10 +241,7 @@ class EndpointLabelScorer:
         bad_responses: Literal["raise", "count"] = "raise",
         max_response_bytes: int = MAX_RESPONSE_BYTES,
     ):
-        if not base_url.startswith(("http://", "https://")):
-            raise ValueError(f"endpoint URL {base_url!r} must start with http:// or https:// (e.g. http://localhost:8000/v1)")
-        if not model:
-            raise ValueError(f"give the model name that {base_url} serves (GET {base_url.rstrip('/')}/models lists them)")
+        _check_address(base_url, model)
         if match not in ("token", "word"):
             raise ValueError(f"match must be 'token' or 'word', not {match!r}")
         self.verbalizers = list(verbalizers)
@@ -335,7 +334,8 @@ class EndpointLabelScorer:
             self.stats.seconds += time.perf_counter() - started
         return out
 
-    def answer(self, template: Template, texts: Sequence[str], max_new_tokens: int, complete=None) -> list[Answer]:
+    def answer(self, template: Template, texts: Sequence[str], max_new_tokens: int,
+               complete: Callable[[str], bool] | None = None) -> list[Answer]:
         """The server's greedy answer (temperature 0) to each prompt, at most ``max_new_tokens`` tokens;
         ``truncated`` when the server says it stopped at the limit (``finish_reason: length``). ``complete`` is
         accepted for the in-process path's signature: a server cannot be told when a parse is settled."""
@@ -378,17 +378,9 @@ class EndpointLabelScorer:
         return Answer(text or "", choice.finish_reason == "length", tokens)
 
     def check(self) -> list[str]:
-        """At start-up: the server answers ``GET /models`` and serves ``model``. Returns the served model ids."""
-        url = self.base_url + "/models"
-        served, why = self._served_models()
-        if served is None:
-            raise EndpointError(
-                f"GET {url} gave no model list ({why}): is {self.base_url!r} the OpenAI-compatible root (it usually "
-                "ends in /v1), and is the server up?"
-            )
-        if self.model not in served:
-            raise EndpointError(f"{self.base_url} does not serve model {self.model!r}; it serves {served}")
-        return served
+        """``check_served_model`` for this scorer's server and model."""
+        return check_served_model(self.base_url, self.model, api_key_env=self.api_key_env,
+                                  timeout_s=min(self.timeout_s, self.deadline_s), max_bytes=self.max_response_bytes)
 
     def request_latency_ms(self, template: Template, texts: Sequence[str], n: int = 12) -> dict[str, float]:
         """What a service sees: one request at a time, no cache. p50 and p95 in milliseconds over the requests
@@ -540,12 +532,6 @@ class EndpointLabelScorer:
         return text or ""
 
     # --- HTTP ---------------------------------------------------------------------------------------
-    def _headers(self, content: bool) -> dict[str, str]:
-        headers = {"Accept": "application/json", **({"Content-Type": "application/json"} if content else {})}
-        if self._api_key:
-            headers["Authorization"] = f"Bearer {self._api_key}"
-        return headers
-
     def _post(self, payload: dict) -> dict:
         """One request: tries, backoffs and waits all inside ``deadline_s``; each try inside ``timeout_s``."""
         url = self.base_url + self.route
@@ -585,8 +571,8 @@ class EndpointLabelScorer:
             self.stats.requests += 1
         t0 = time.perf_counter()
         try:
-            reply = http_deadline.request("POST", url, body, self._headers(True), deadline=deadline,
-                                          max_bytes=self.max_response_bytes)
+            reply = http_deadline.request("POST", url, body, _headers(self._api_key, content=True),
+                                          deadline=deadline, max_bytes=self.max_response_bytes)
         except http_deadline.DeadlineExceeded:
             with self._lock:
                 self.stats.timeouts += 1
@@ -598,41 +584,17 @@ class EndpointLabelScorer:
                                         f"bytes accepted ({exc})") from None
         elapsed_ms = (time.perf_counter() - t0) * 1000
         if reply.status != 200:
-            detail = self._detail(reply)
+            detail = _detail(reply, self._api_key)
             if reply.status == 429 or reply.status >= 500:
                 wait_s = _retry_after_s(reply.headers.get("Retry-After")) if reply.status in RETRY_AFTER_STATUSES else None
                 raise _Retryable(f"HTTP {reply.status}: {detail}", wait_s)
             raise self._refusal(url, reply.status, detail, payload, reply)
-        data = self._json(reply, f"POST {url}")
+        data = _json(reply, f"POST {url}")
         usage = data.get("usage") if isinstance(data, dict) and isinstance(data.get("usage"), dict) else {}
         with self._lock:
             self.stats.request_ms.append(elapsed_ms)
             self.usage.add(1, _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")))
         return data
-
-    def _json(self, reply: http_deadline.Reply, what: str):
-        """A 200 reply's JSON body; another content type or a body that is not JSON is a response error."""
-        kind = (reply.headers.get_content_type() or "").lower()
-        if kind != "application/json" and not kind.endswith("+json"):
-            raise EndpointResponseError(f"{what} answered with content type {kind!r}, not JSON: "
-                                        f"{reply.body[:80]!r}")
-        try:
-            return json.loads(reply.body)
-        except (ValueError, RecursionError):
-            raise EndpointResponseError(f"{what} answered with something that is not JSON: "
-                                        f"{reply.body[:_DETAIL_CHARS]!r}") from None
-
-    def _detail(self, reply: http_deadline.Reply) -> str:
-        text = reply.body[:10_000].decode("utf-8", "replace")
-        try:  # OpenAI and vLLM: {"error": {"message": ...}}; FastAPI: {"detail": ...}
-            data = json.loads(text)
-            error = data.get("error", data.get("detail", text))
-            text = error.get("message", json.dumps(error)) if isinstance(error, dict) else str(error)
-        except (ValueError, AttributeError):
-            pass
-        if self._api_key:
-            text = text.replace(self._api_key, "***")
-        return " ".join(text.split())[:_DETAIL_CHARS] or "no detail"
 
     def _refusal(self, url: str, code: int, detail: str, payload: dict, reply: http_deadline.Reply) -> Exception:
         """A non-retryable HTTP status as the error that says what to fix (or _NoLogprobs)."""
@@ -642,7 +604,8 @@ class EndpointLabelScorer:
             key_state = "is set" if self._api_key else "is not set"
             return EndpointError(f"POST {url} returned {code} ({detail}): the server refused the API key; ${self.api_key_env} {key_state}")
         if code == 404 and "model" in detail.lower():
-            served, _ = self._served_models()
+            served, _ = _served_models(self.base_url, self._api_key, min(self.timeout_s, self.deadline_s),
+                                       self.max_response_bytes)
             listing = f"; it serves {served}" if served else ""
             return EndpointError(f"{self.base_url} does not know model {self.model!r} ({detail}){listing}")
         if code in (404, 405):
@@ -658,24 +621,86 @@ class EndpointLabelScorer:
             return EndpointResponseError(f"POST {url} returned {code}, not 200 with an answer")
         return EndpointError(f"POST {url} returned {code}: {detail}")
 
-    def _served_models(self) -> tuple[list[str] | None, str]:
-        """The model ids ``GET /models`` lists (None, and why, when it lists none), in one try of ``timeout_s``."""
-        try:
-            reply = http_deadline.request("GET", self.base_url + "/models", None, self._headers(False),
-                                          deadline=time.monotonic() + min(self.timeout_s, self.deadline_s),
-                                          max_bytes=self.max_response_bytes)
-        except http_deadline.DeadlineExceeded:
-            return None, f"no complete answer within {min(self.timeout_s, self.deadline_s):g} s"
-        except (http_deadline.ConnectionFailed, http_deadline.BodyTooLarge) as exc:
-            return None, str(exc)
-        if reply.status != 200:
-            return None, f"HTTP {reply.status}: {self._detail(reply)}"
-        try:
-            return [m.id for m in api.ModelList.model_validate(self._json(reply, "GET /models")).data], ""
-        except EndpointResponseError as exc:
-            return None, str(exc)
-        except ValidationError as exc:
-            return None, api.first_problem(exc)
+
+def _check_address(base_url: str, model: str) -> None:
+    """A URL and a model name that a request can be sent with; a ValueError that says what to give otherwise."""
+    if not base_url.startswith(("http://", "https://")):
+        raise ValueError(f"endpoint URL {base_url!r} must start with http:// or https:// (e.g. http://localhost:8000/v1)")
+    if not model:
+        raise ValueError(f"give the model name that {base_url} serves (GET {base_url.rstrip('/')}/models lists them)")
+
+
+def check_served_model(base_url: str, model: str, *, api_key_env: str = "TUNE_PROMPTS_API_KEY", timeout_s: float = 30,
+                       max_bytes: int = MAX_RESPONSE_BYTES) -> list[str]:
+    """At start-up, before any work: the server at ``base_url`` answers ``GET /models`` (in one try of
+    ``timeout_s``) and serves ``model``; the served model ids. The one check of a served target or judge (the
+    scorers, a tuning run before its Ray actors start, predict); an ``EndpointError`` names what is wrong, a
+    ``ValueError`` a URL or model name that cannot work."""
+    _check_address(base_url, model)
+    base_url = base_url.rstrip("/")
+    url = base_url + "/models"
+    served, why = _served_models(base_url, os.environ.get(api_key_env) or None, timeout_s, max_bytes)
+    if served is None:
+        raise EndpointError(
+            f"GET {url} gave no model list ({why}): is {base_url!r} the OpenAI-compatible root (it usually "
+            "ends in /v1), and is the server up?"
+        )
+    if model not in served:
+        raise EndpointError(f"{base_url} does not serve model {model!r}; it serves {served}")
+    return served
+
+
+def _served_models(base_url: str, api_key: str | None, timeout_s: float, max_bytes: int) -> tuple[list[str] | None, str]:
+    """The model ids ``GET {base_url}/models`` lists (None, and why, when it lists none), in one try of ``timeout_s``."""
+    try:
+        reply = http_deadline.request("GET", base_url + "/models", None, _headers(api_key, content=False),
+                                      deadline=time.monotonic() + timeout_s, max_bytes=max_bytes)
+    except http_deadline.DeadlineExceeded:
+        return None, f"no complete answer within {timeout_s:g} s"
+    except (http_deadline.ConnectionFailed, http_deadline.BodyTooLarge) as exc:
+        return None, str(exc)
+    if reply.status != 200:
+        return None, f"HTTP {reply.status}: {_detail(reply, api_key)}"
+    try:
+        return [m.id for m in api.ModelList.model_validate(_json(reply, "GET /models")).data], ""
+    except EndpointResponseError as exc:
+        return None, str(exc)
+    except ValidationError as exc:
+        return None, api.first_problem(exc)
+
+
+def _headers(api_key: str | None, *, content: bool) -> dict[str, str]:
+    headers = {"Accept": "application/json", **({"Content-Type": "application/json"} if content else {})}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    return headers
+
+
+def _json(reply: http_deadline.Reply, what: str) -> Any:
+    """A 200 reply's JSON body; another content type or a body that is not JSON is a response error."""
+    kind = (reply.headers.get_content_type() or "").lower()
+    if kind != "application/json" and not kind.endswith("+json"):
+        raise EndpointResponseError(f"{what} answered with content type {kind!r}, not JSON: "
+                                    f"{reply.body[:80]!r}")
+    try:
+        return json.loads(reply.body)
+    except (ValueError, RecursionError):
+        raise EndpointResponseError(f"{what} answered with something that is not JSON: "
+                                    f"{reply.body[:_DETAIL_CHARS]!r}") from None
+
+
+def _detail(reply: http_deadline.Reply, api_key: str | None) -> str:
+    """A refusal's message, short, on one line, the API key blanked out."""
+    text = reply.body[:10_000].decode("utf-8", "replace")
+    try:  # OpenAI and vLLM: {"error": {"message": ...}}; FastAPI: {"detail": ...}
+        data = json.loads(text)
+        error = data.get("error", data.get("detail", text))
+        text = error.get("message", json.dumps(error)) if isinstance(error, dict) else str(error)
+    except (ValueError, AttributeError):
+        pass
+    if api_key:
+        text = text.replace(api_key, "***")
+    return " ".join(text.split())[:_DETAIL_CHARS] or "no detail"
 
 
 def make_label_scorer(
@@ -685,8 +710,8 @@ def make_label_scorer(
     model: str | None = None,
     chat_template: bool = True,
     batch_size: int = 64,
-    **endpoint_options,
-):
+    **endpoint_options: Any,
+) -> Scorer:
     """A ``LabelScorer`` for a loaded model, an ``EndpointLabelScorer`` for a URL (``model`` then required).
 
     ``endpoint_options`` go to ``EndpointLabelScorer`` (api_key_env, match, timeout_s, max_retries, ...).

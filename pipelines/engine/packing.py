@@ -7,6 +7,7 @@ attention function, and the written-out Llama pass of ``pipelines.engine.packed_
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -27,7 +28,7 @@ class Packing:
     n_head: int = 0  # the row's first tokens: the rest of the shared prefix, run in this pass (see ``build``)
 
     @classmethod
-    def build(cls, seqs: list[list[int]], n_prefix: int, slack: float = 1.25, head: list[int] = ()) -> "Packing":
+    def build(cls, seqs: list[list[int]], n_prefix: int, slack: float = 1.25, head: Sequence[int] = ()) -> "Packing":
         """``seqs`` sorted by length, following a shared prefix of ``n_prefix`` tokens already computed; a
         bucket closes when a sequence is ``slack`` times its first one.
 

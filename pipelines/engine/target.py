@@ -52,7 +52,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -160,7 +160,8 @@ def score_naive(lm: LoadedLM, template: Template, texts: list[str], verbalizers:
 
 
 class LabelScorer:
-    """Fast label scoring for one target model and one label set. Not thread-safe; one per actor."""
+    """Fast label scoring for one target model and one label set (a ``pipelines.engine.scorer.Scorer``). Not
+    thread-safe; one per actor."""
 
     def __init__(
         self,
@@ -208,7 +209,7 @@ class LabelScorer:
         self._keep_prefixes = 8  # how many recent prefixes' rows are kept
 
     # --- public API ------------------------------------------------------------------------
-    def score(self, template: Template, texts: list[str]) -> np.ndarray:
+    def score(self, template: Template, texts: Sequence[str]) -> np.ndarray:
         """Label log-probs (normalised over the labels), shape (len(texts), n_labels)."""
         started = time.perf_counter()
         out = np.zeros((len(texts), len(self.label_ids)), dtype=np.float32)
@@ -223,7 +224,7 @@ class LabelScorer:
         self.stats.seconds += time.perf_counter() - started
         return out
 
-    def answer(self, template: Template, texts: list[str], max_new_tokens: int,
+    def answer(self, template: Template, texts: Sequence[str], max_new_tokens: int,
                complete: Callable[[str], bool] | None = None) -> list[Answer]:
         """The greedy answer to each prompt, at most ``max_new_tokens`` new tokens; ``complete(text)`` True stops
         an answer early (its parse is settled). Same prompts as ``score``: the template inside the chat template."""
@@ -242,7 +243,7 @@ class LabelScorer:
         return out  # type: ignore[return-value]
 
     @torch.inference_mode()
-    def request_latency_ms(self, template: Template, texts: list[str], n: int = 12) -> dict[str, float]:
+    def request_latency_ms(self, template: Template, texts: Sequence[str], n: int = 12) -> dict[str, float]:
         """What a service sees: one request at a time, the whole prompt, no cache. p50 and p95 in ms, and
         ``error_rate`` (always 0 here: an in-process forward pass either runs or raises)."""
         before, after = prompt_frame(self.lm.tokenizer, template, self.chat_template)

@@ -14,6 +14,14 @@ from __future__ import annotations
 
 import threading
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from pipelines.engine.answers import Answer
+    from pipelines.engine.scorer import Scorer
+    from templates.template import Template
 
 ROLES = ("target", "judge", "policy")
 
@@ -64,18 +72,19 @@ def sum_usage(*parts: dict) -> dict[str, Usage]:
 
 
 class Metered:
-    """A label scorer seen by one role: every call through it adds what the scorer spent to ``usage``.
+    """A label scorer seen by one role (a ``pipelines.engine.scorer.Scorer`` around one): every call through it
+    adds what the scorer spent to ``usage``.
 
     The scorer's own ``usage`` is cumulative; the difference around each call is this role's share. Calls
     through one scorer run one at a time per process (``score`` is not re-entrant), so the difference is exact.
     """
 
-    def __init__(self, inner):
+    def __init__(self, inner: Scorer):
         self.inner = inner
         self.usage = Usage()
         self._lock = threading.Lock()
 
-    def _metered(self, fn, *args, **kwargs):
+    def _metered(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         if not hasattr(self.inner, "usage"):  # a scripted stand-in in a unit test: nothing to count
             return fn(*args, **kwargs)
         before = self.inner.usage.copy()
@@ -85,16 +94,21 @@ class Metered:
             with self._lock:
                 self.usage = self.usage + (self.inner.usage - before)
 
-    def score(self, template, texts):
+    @property
+    def verbalizers(self) -> list[str]:
+        return self.inner.verbalizers
+
+    def score(self, template: Template, texts: Sequence[str]) -> np.ndarray:
         return self._metered(self.inner.score, template, texts)
 
-    def answer(self, template, texts, max_new_tokens, complete=None):
+    def answer(self, template: Template, texts: Sequence[str], max_new_tokens: int,
+               complete: Callable[[str], bool] | None = None) -> list[Answer]:
         return self._metered(self.inner.answer, template, texts, max_new_tokens, complete)
 
-    def request_latency_ms(self, template, texts, n: int = 12):
+    def request_latency_ms(self, template: Template, texts: Sequence[str], n: int = 12) -> dict[str, float]:
         return self._metered(self.inner.request_latency_ms, template, texts, n)
 
-    def __getattr__(self, name):  # verbalizers, stats, base_url, ...: the scorer's own
+    def __getattr__(self, name: str) -> Any:  # stats, base_url, ...: the scorer's own
         if name == "inner":  # not set yet (a copy being built): no recursion
             raise AttributeError(name)
         return getattr(self.inner, name)
