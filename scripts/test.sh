@@ -2,8 +2,9 @@
 # The test command of the README: set up (idempotent), start a throwaway PostgreSQL for the store's
 # tests, type-check the product (mypy), run the default test suite (fast tests plus the end-to-end ones;
 # `slow` ones are left out).
-#   bash scripts/test.sh                 # the default suite
-#   bash scripts/test.sh -m slow         # extra arguments go to pytest
+#   bash scripts/test.sh                 # the default suite (CI)
+#   bash scripts/test.sh -m slow         # the slow tier alone (extra arguments go to pytest)
+#   bash scripts/test.sh -m ''           # everything
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

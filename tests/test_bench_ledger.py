@@ -48,7 +48,7 @@ def test_a_change_to_a_methods_own_code_voids_that_methods_rows_only(checkout):
     assert L.method_fingerprint("another scorer", "seed") != L.method_fingerprint("scorer", "seed")
 
 
-@pytest.mark.e2e
+@pytest.mark.slow  # the bench's: two probes of the real scorer
 def test_a_changed_scorer_output_changes_the_scorers_fingerprint(monkeypatch):
     """The probe runs the real scorer (the embedded model) on the probe set; it repeats exactly, and a scorer that
     computes other log-probs gives another fingerprint."""

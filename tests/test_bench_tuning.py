@@ -41,7 +41,7 @@ def test_the_ledger_reads_back_only_its_own_fingerprint_and_survives_a_cut_line(
     assert bench_tuning.Ledger(None, "abc").records == {}
 
 
-@pytest.mark.e2e
+@pytest.mark.slow  # a bench job: every method searches
 def test_quick_bench_runs_every_method_within_one_budget(tmp_path):
     out, ledger = tmp_path / "rows.json", tmp_path / "ledger.jsonl"
     command = [sys.executable, "-m", "bench.tuning", "--quick", "--ledger", str(ledger)]

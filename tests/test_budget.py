@@ -105,7 +105,7 @@ def test_a_budget_too_small_exits_2_before_writing_anything(tmp_path, capsys):
         assert exited.value.code == 2 and err.count("\n") == 1 and bad[0] in err and not run_dir.exists()
 
 
-@pytest.mark.e2e
+@pytest.mark.slow  # one more real tuning run
 def test_a_run_stops_at_its_budget_tests_its_best_and_spends_what_was_estimated(tmp_path, capsys, ray_session):
     args = ["--task", SMALL_TASK, "--steps", "2", "--dev-examples", "12", "--wandb-mode", "disabled"]
     assert main([*args, "--estimate", "--json"]) == 0
@@ -165,7 +165,7 @@ def _counted(task, splits, tokenizer, target, judge=None):
                                  reward_examples=12), task)
 
 
-@pytest.mark.e2e
+@pytest.mark.slow  # a scorer pass per phase; the served model's count is in the default tier
 def test_counting_prices_the_in_process_scorer_call_for_call():
     from pipelines.config import load_task
     from pipelines.data import load_splits

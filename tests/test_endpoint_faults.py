@@ -229,3 +229,20 @@ def test_eval_exits_2_with_one_line_within_the_deadline(server, mode, capsys):
     assert captured.out == ""
     lines = [line for line in captured.err.splitlines() if line.startswith("error: ")]
     assert len(lines) == 1 and EXPECTED[mode].split(" for '")[0] in lines[0]  # the token is whichever came first
+
+
+@pytest.mark.slow  # a tuning run each: Ray, the policy and the scoring actors start first
+@pytest.mark.parametrize("mode", ["stall", "garbage", "nan"])
+def test_a_tuning_run_against_a_faulty_server_exits_2_within_the_deadline_and_records_nothing(server, mode, tmp_path,
+                                                                                              capsys, ray_session):
+    server.faults.mode = mode
+    store = tmp_path / "store.sqlite"
+    argv = ["--task", SERVED_TASK, "--steps", "1", "--candidates", "2", "--dev-examples", "4", "--wandb-mode",
+            "disabled", "--store", f"sqlite:///{store}", "--run-dir", str(tmp_path / "run"), "--target-url",
+            server.base_url, "--target-model", "scripted", "--request-timeout", str(TIMEOUT_S), "--request-deadline",
+            str(DEADLINE_S)]
+    assert cli.main(argv) == 2
+    assert time.monotonic() - server.request_times[0] < DEADLINE_S + 1  # from the first completion request
+    captured = capsys.readouterr()
+    lines = [line for line in captured.err.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1 and server.base_url in lines[0] and not store.exists()

@@ -90,7 +90,8 @@ def test_references_from_entities_skip_rows_without_one_and_belong_to_generation
 
 
 @pytest.mark.e2e
-def test_a_json_user_task_runs_through_eval_tuning_the_store_and_predict(tmp_path, capsys, ray_session):
+def test_a_json_user_task_runs_through_eval(capsys):
+    """eval on the JSON task: its contract, metrics and rates over the test split."""
     assert main(["eval", "--task", TXN, "--split", "test", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["examples"] == 16 and report["valid"]
@@ -104,6 +105,11 @@ def test_a_json_user_task_runs_through_eval_tuning_the_store_and_predict(tmp_pat
         assert set(json.loads(sample["label"])) == FIELDS
         assert (not sample["contract_kept"]) or set(json.loads(sample["parsed"])) >= FIELDS
 
+
+@pytest.mark.slow
+def test_a_json_user_task_runs_through_tuning_the_store_and_predict(tmp_path, capsys, ray_session):
+    """A tuning run on the JSON task, its version in the store, and predict serving it (slow: one more real run; the
+    default tier's end-to-end run is tests/test_tuning.py's)."""
     run_dir, store = tmp_path / "run", f"sqlite:///{tmp_path / 'store.sqlite'}"
     code = main(["--task", TXN, "--steps", "1", "--dev-examples", "0", "--run-dir", str(run_dir), "--store", store])
     out = capsys.readouterr().out

@@ -81,7 +81,7 @@ def test_eval_with_a_folder_model(tiny_llama_folder, capsys):
     assert report["latency_ms"]["p95"] > 0
 
 
-@pytest.mark.e2e
+@pytest.mark.slow  # one more real tuning run
 def test_tuning_with_folder_target_judge_and_policy(tiny_llama_folder, tmp_path, capsys, monkeypatch, ray_session):
     """One step with the folder as target, judge and policy. The policy is loaded in this process (recorded);
     the target and judge in the Ray workers: their held-out figures for the seed equal `eval`'s with the

@@ -28,7 +28,8 @@ def test_a_task_with_four_labels_loads_and_two_label_rules_stay():
 
 
 @pytest.mark.e2e
-def test_a_four_label_user_task_runs_through_eval_tuning_the_store_and_predict(tmp_path, capsys, ray_session):
+def test_a_four_label_user_task_runs_through_eval(capsys):
+    """eval on the four-label task: its calibrated decision over four labels, metrics and rates."""
     assert main(["eval", "--task", CASES, "--split", "test", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["examples"] == 16 and report["valid"]
@@ -39,6 +40,11 @@ def test_a_four_label_user_task_runs_through_eval_tuning_the_store_and_predict(t
     assert report["rates"]["instruction_following"]["of"] == 16
     assert all(s["decision"] in LABELS for s in report["samples"])
 
+
+@pytest.mark.slow
+def test_a_four_label_user_task_runs_through_tuning_the_store_and_predict(tmp_path, capsys, ray_session):
+    """A tuning run on the four-label task, its version in the store, and predict serving it (slow: one more real run;
+    the default tier's end-to-end run is tests/test_tuning.py's)."""
     run_dir, store = tmp_path / "run", f"sqlite:///{tmp_path / 'store.sqlite'}"
     code = main(["--task", CASES, "--steps", "1", "--dev-examples", "0", "--run-dir", str(run_dir), "--store", store])
     out = capsys.readouterr().out

@@ -158,8 +158,15 @@ def lm():
     return load_causal_lm()
 
 
-@pytest.fixture(params=["calibrated", "answer"])
+# Each decision kind runs in the default tier once: calibrated in process, answer over the endpoint; the other pairs
+# in the slow tier.
+@pytest.fixture(params=["calibrated", pytest.param("answer", marks=pytest.mark.slow)])
 def small_task(request, write_small_risk_task) -> str:
+    return write_small_risk_task(test=24, robustness_examples=4, decision=request.param)
+
+
+@pytest.fixture(params=["answer", pytest.param("calibrated", marks=pytest.mark.slow)])
+def served_task(request, write_small_risk_task) -> str:
     return write_small_risk_task(test=24, robustness_examples=4, decision=request.param)
 
 
@@ -195,21 +202,21 @@ def server(lm):
 
 
 @pytest.mark.e2e
-def test_predict_over_the_endpoint_reproduces_the_stored_held_out_figures(server, small_task, tmp_path, capsys):
+def test_predict_over_the_endpoint_reproduces_the_stored_held_out_figures(server, served_task, tmp_path, capsys):
     from pipelines.config import Endpoint
     from pipelines.scoring import label_scorer
 
     url = f"sqlite:///{tmp_path / 'store.sqlite'}"
     endpoint = Endpoint(server.base_url, "smollm2")
     served_target = label_scorer(endpoint, ["yes", "no"], chat_template=True)
-    stored, gold, preds = _stored_and_served(small_task, url, endpoint, served_target, _decision(small_task))
+    stored, gold, preds = _stored_and_served(served_task, url, endpoint, served_target, _decision(served_task))
     assert pbm.balanced_accuracy(preds, gold, ["high_risk", "low_risk"]) == stored["balanced_accuracy"]
     # The command line gives an application's answer for the same inputs, through the same path.
     from pipelines.config import load_task
     from pipelines.data import load_splits
 
-    test = load_splits(load_task(small_task)).test[:3]
-    argv = ["predict", "--task", small_task, "--store", url, "--target-url", server.base_url, "--target-model",
+    test = load_splits(load_task(served_task)).test[:3]
+    argv = ["predict", "--task", served_task, "--store", url, "--target-url", server.base_url, "--target-model",
             "smollm2", "--json"]
     for e in test:
         argv += ["--text", e.text]

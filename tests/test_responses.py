@@ -223,7 +223,7 @@ def test_long_answers_decoded_with_a_cache_equal_model_generate_and_stop_when_th
             assert contract.parse(cut.text, truncated=cut.truncated) == contract.parse(full.text, truncated=full.truncated)
 
 
-@pytest.mark.e2e
+@pytest.mark.slow  # long generated answers; the default tier checks answers = model.generate on risk and JSON
 def test_the_callback_seed_gets_some_numbers_right_and_its_batched_answers_are_model_generate(lm):
     """The built-in generation task leaves room both ways: the seed reads some numbers right and misses others.
     34 answers run as a batch of 32 (finished answers leave it) and one of 2, after the prefix's single pass."""
@@ -252,7 +252,7 @@ TUNED = ("The above task can be clarified further by providing more context. For
          "`True` statements and returns `False` otherwise.")
 
 
-@pytest.mark.e2e
+@pytest.mark.slow  # two whole-split evaluations per decision
 @pytest.mark.parametrize("decision", ["answer", "calibrated"])
 def test_the_quoted_tuned_instruction_loses_and_is_refused(lm, decision):
     """The instruction an earlier run tuned for log-odds ROC-AUC: the embedded model stops answering yes/no."""

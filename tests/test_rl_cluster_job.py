@@ -291,7 +291,7 @@ def test_an_unreachable_cluster_is_a_clear_error_not_a_traceback(tmp_path, capsy
     assert "cannot submit the job to the Ray cluster at 'http://127.0.0.1:9'" in err and "8265" in err
 
 
-@pytest.mark.e2e
+@pytest.mark.slow  # long generated answers; the classification reward file is in the default tier
 def test_the_reward_file_scores_a_generation_task_as_the_local_scorer_does(tmp_path):
     """Both kinds reach OpenRLHF: a JSON-contract task's candidate gets the local scorer's reward."""
     from pipelines.config import load_task

@@ -46,7 +46,7 @@ def kill(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-@pytest.mark.e2e
+@pytest.mark.slow  # two real tuning runs; eval and predict over a server are in the default tier
 def test_tuning_a_served_model_survives_the_servers_death_and_matches_in_process(tmp_path, capsys, ray_session):
     port = free_port()
     url = f"http://127.0.0.1:{port}/v1"

@@ -7,7 +7,7 @@ one-sided 95% confidence: a paired bootstrap, over the examples of the selection
 the former `pipelines.loop.select_finalists` ranked on, before `pipelines.choice`), of the difference in the task's reward metric (ROC-AUC of the label
 log-odds). It reads dev only, like the choice itself.
 
-For each task, seed and method the ledger holds a finished search for (same fingerprint as `bench_tuning.py`
+For each task, seed and method the ledger holds a finished search for (same fingerprint as `bench.tuning`
 with the same options), this scores the seed and the choice on that dev sample with the target model in this
 process (no search is run again), applies the guard, and reads the held-out test figure of what each rule ships
 from the ledger's test records (no test call is made). Per (task, method): the mean over seeds and its 95%
@@ -102,14 +102,14 @@ def analyse(name: str, seeds: list[int], options, test_examples: int, ledger_pat
 def main() -> int:
     quiet_libraries()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ledger", required=True, help="the ledger bench_tuning.py wrote (--ledger there)")
-    bench.add_run_options(parser, help_suffix="; as bench_tuning.py was run (its fingerprint)")
+    parser.add_argument("--ledger", required=True, help="the ledger bench.tuning wrote (--ledger there)")
+    bench.add_run_options(parser, help_suffix="; as bench.tuning was run (its fingerprint)")
     parser.add_argument("--alpha", type=float, nargs="+", default=[0.05],
                         help="the guard's one-sided level; several give one row each (default 0.05)")
     parser.add_argument("--out", help="also write the rows, with every seed's dev gain and p, as JSON here")
     args = parser.parse_args()
     if not Path(args.ledger).is_file():
-        print(f"error: no ledger at {args.ledger}. Fix: pass the file bench_tuning.py --ledger wrote", file=sys.stderr)
+        print(f"error: no ledger at {args.ledger}. Fix: pass the file bench.tuning --ledger wrote", file=sys.stderr)
         return 2
     bad = [a for a in args.alpha if not 0 < a < 1]
     if bad:
@@ -129,7 +129,7 @@ def main() -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if not rows:
-        print("error: nothing to compare. Fix: run bench_tuning.py with --ledger and the same options first",
+        print("error: nothing to compare. Fix: run bench.tuning with --ledger and the same options first",
               file=sys.stderr)
         return 2
     print("held-out test figure of what ships, without and with the seed guard at each alpha; "

@@ -73,7 +73,7 @@ def read_ledgers(paths: list[str]) -> dict[str, dict[str, dict]]:
             lines = Path(path).read_text().splitlines()
         except OSError as error:
             raise InputError(f"cannot read ledger {path}: {error.strerror}; pass a file written by "
-                             "bench_tuning.py --ledger") from None
+                             "bench.tuning --ledger") from None
         for line in lines:
             try:
                 record = json.loads(line)
@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--a", required=True, help="METHOD@FP[,FP...]: the first arm, e.g. PPO@b933b43b")
     parser.add_argument("--b", required=True, help="METHOD@FP[,FP...]: the second arm, paired fingerprint by fingerprint")
     parser.add_argument("--ledger", nargs="+", default=[str(REPO / "scripts/bench/results/bench_tuning.jsonl")],
-                        help="ledger file(s) written by bench_tuning.py --ledger (default: the committed one)")
+                        help="ledger file(s) written by bench.tuning --ledger (default: the committed one)")
     parser.add_argument("--metric", choices=METRICS, default="task",
                         help="the held-out figure compared (default: task, each task's own metric under its decision: "
                              "balanced accuracy for a classification task, field exact match for callback); a "

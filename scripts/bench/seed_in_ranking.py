@@ -16,7 +16,7 @@ then compares what each method would ship under the rule, seed by seed, from the
     .venv/bin/python -m bench.paired --ledger scripts/bench/results/bench_tuning_bf16.jsonl --seed-ranked \\
         --a PPO@9d25,264f,7d00,3b0d --b best-of-N@9d25,264f,7d00,3b0d
 
-Options as `bench_tuning.py` was run (they make its fingerprint); a template already measured is read back.
+Options as `bench.tuning` was run (they make its fingerprint); a template already measured is read back.
 """
 
 from __future__ import annotations
@@ -102,13 +102,13 @@ def measure_task(name: str, seeds: list[int], options, test_examples: int, ledge
 def main() -> int:
     quiet_libraries()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ledger", required=True, help="the ledger bench_tuning.py wrote (--ledger there); the "
+    parser.add_argument("--ledger", required=True, help="the ledger bench.tuning wrote (--ledger there); the "
                                                         "dev records are appended to it")
-    bench.add_run_options(parser, help_suffix="; as bench_tuning.py was run (its fingerprint)")
+    bench.add_run_options(parser, help_suffix="; as bench.tuning was run (its fingerprint)")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     args = parser.parse_args()
     if not Path(args.ledger).is_file():
-        print(f"error: no ledger at {args.ledger}. Fix: pass the file bench_tuning.py --ledger wrote", file=sys.stderr)
+        print(f"error: no ledger at {args.ledger}. Fix: pass the file bench.tuning --ledger wrote", file=sys.stderr)
         return 2
 
     from pipelines.config import ConfigError, RunOptions
@@ -125,7 +125,7 @@ def main() -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if not rows:
-        print("error: nothing to measure. Fix: run bench_tuning.py with --ledger and the same options first",
+        print("error: nothing to measure. Fix: run bench.tuning with --ledger and the same options first",
               file=sys.stderr)
         return 2
     print("whole-dev reward of the seed and of each choice (seeds in order); the held-out figure of the choice, and "

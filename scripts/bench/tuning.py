@@ -244,7 +244,7 @@ def test_key(task_name: str, text: str) -> str:
 
 
 def add_run_options(parser: argparse.ArgumentParser, help_suffix: str = "") -> None:
-    """The options a ledger's fingerprint depends on, with the bench's defaults (bench_choice_rule.py reads the
+    """The options a ledger's fingerprint depends on, with the bench's defaults (bench.choice_rule reads the
     same ledger, so it takes the same options)."""
     parser.add_argument("--tasks", nargs="+", default=["risk", "sentiment"])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
