@@ -203,3 +203,11 @@ def test_each_method_has_a_fingerprint_of_its_own_and_a_change_to_its_code_rerun
     assert bench() == ["PPO"]
     monkeypatch.setattr(bench_tuning, "probe", lambda *a: ["another scorer output"])
     assert bench() == ["seed", "best-of-N", "OPRO", "PPO", "dspy copro", "dspy miprov2"]
+
+
+def test_fingerprints_lists_the_scorers_and_each_methods_and_runs_nothing(scripted, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["bench.tuning", "--quick", "--fingerprints"])
+    assert bench_tuning.main() == 0
+    out = capsys.readouterr().out
+    assert "tests, dev" in out and all(f"{m} searches" in out for m in bench_tuning.METHODS)
+    assert scripted.searches == [] and scripted.tested == []

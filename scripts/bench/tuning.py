@@ -281,12 +281,10 @@ def open_ledgers(path: str | None, task, options, budget: int, splits) -> tuple[
                                   for m in METHODS}
 
 
-def bench_task(name: str, seeds: list[int], budget: int | None, options, test_examples: int,
-               ledger_path: str | None, log=print, methods: tuple[str, ...] = METHODS,
-               overrides: dict | None = None) -> list[dict]:
+def task_setup(name: str, budget: int | None, options, test_examples: int, overrides: dict | None = None):
+    """(task, splits, split note, plan, budget, row label) of one bench task, as every run of it sees them."""
     from pipelines.budget import estimate, scoring_tokenizer
     from pipelines.config import load_task
-    from pipelines.ray_scoring import ScoringPool, init_ray
 
     base, splits, split_note = load_bench_splits(load_task(name), test_examples)
     if overrides:  # a variant of the task (e.g. ppo.advantage_estimator): a fingerprint of its own
@@ -294,6 +292,25 @@ def bench_task(name: str, seeds: list[int], budget: int | None, options, test_ex
     label = " ".join([base.name, *(f"{k}={v}" for k, v in (overrides or {}).items())])
     plan = estimate(base, options, splits, scoring_tokenizer(options.target))
     budget = default_budget(plan, options) if budget is None else budget
+    return base, splits, split_note, plan, budget, label
+
+
+def fingerprint_rows(name: str, budget: int | None, options, test_examples: int,
+                     overrides: dict | None = None) -> list[dict]:
+    """``--fingerprints``: what this checkout's records of a task are keyed by (``bench.ledger``): the scorer's
+    fingerprint (tests and dev records) and each method's (its searches). Runs the probe only."""
+    base, splits, _, _, budget, label = task_setup(name, budget, options, test_examples, overrides)
+    ledger, searches = open_ledgers(None, base, options, budget, splits)
+    return [{"task": label, "records": "tests, dev", "fingerprint": ledger.fingerprint},
+            *({"task": label, "records": f"{m} searches", "fingerprint": searches[m].fingerprint} for m in METHODS)]
+
+
+def bench_task(name: str, seeds: list[int], budget: int | None, options, test_examples: int,
+               ledger_path: str | None, log=print, methods: tuple[str, ...] = METHODS,
+               overrides: dict | None = None) -> list[dict]:
+    from pipelines.ray_scoring import ScoringPool, init_ray
+
+    base, splits, split_note, plan, budget, label = task_setup(name, budget, options, test_examples, overrides)
     ledger, searches = open_ledgers(ledger_path, base, options, budget, splits)
     read_back = len(ledger.records) + sum(len(s.records) for s in searches.values())
     if read_back:
@@ -413,6 +430,9 @@ def main() -> int:
                         help="change the tasks' settings, e.g. ppo.advantage_estimator=rloo (a variant is a "
                              "fingerprint of its own in the ledger; its rows name the change)")
     parser.add_argument("--quick", action="store_true", help="the small test task, seed 0, a budget of one step (CI)")
+    parser.add_argument("--fingerprints", action="store_true",
+                        help="print the fingerprints this checkout keys each task's records by, and run nothing else "
+                             "(about 20 s a task: the probe); a ledger row counts where its fingerprint is listed")
     parser.add_argument("--out", help="also write the rows as JSON here")
     args = parser.parse_args()
 
@@ -433,6 +453,15 @@ def main() -> int:
     if args.quick:
         args.tasks, args.seeds, args.steps, args.dev_examples, args.test_examples = [QUICK_TASK], [0], 1, 12, 0
     options = RunOptions(steps=args.steps, wandb_mode="disabled", progress=False, dev_examples=args.dev_examples)
+    if args.fingerprints:
+        try:
+            prints = [row for name in args.tasks
+                      for row in fingerprint_rows(name, args.budget, options, args.test_examples, overrides)]
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(table(prints))
+        return 0
     started = time.perf_counter()
     rows = []
     for name in args.tasks:
