@@ -105,6 +105,7 @@ class ScoringPool:
         self._sample_sizes: tuple[int, int] | None = None
         self.max_retries = max_retries
         self.replaced = 0  # workers replaced after dying
+        self._unread: list = []  # results submitted ahead (the seed's evaluation) that a stopped run never reads
         self._home: dict[str, int] = {}  # template text -> the worker whose pair cache holds its scores
 
     def _start(self):
@@ -182,6 +183,7 @@ class ScoringPool:
         self._home[text] = 0
         call = {1: lambda worker: worker.evaluate.remote([text], "dev")}
         pending = self._submit(call)
+        self._unread += pending.values()
         (scored,) = self._run({0: lambda worker: worker.measure.remote([text], False, None, screen)})[0]
         return scored, lambda: self._run(call, pending)[1][0]
 
@@ -248,6 +250,13 @@ class ScoringPool:
         for worker in self.workers:
             ray.kill(worker)
         self.workers = []
+        for ref in self._unread:  # read what a stopped run left (failed with its workers), or Ray prints its traceback
+            if ray.wait([ref], timeout=1.0)[0]:
+                try:
+                    ray.get(ref)
+                except Exception:  # noqa: BLE001 - the run has ended on its own error already
+                    pass
+        self._unread = []
         deadline = time.monotonic() + wait_s
         while ray.is_initialized() and ray.available_resources().get("CPU", 0) < want and time.monotonic() < deadline:
             time.sleep(0.1)

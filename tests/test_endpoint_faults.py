@@ -246,3 +246,4 @@ def test_a_tuning_run_against_a_faulty_server_exits_2_within_the_deadline_and_re
     captured = capsys.readouterr()
     lines = [line for line in captured.err.splitlines() if line.startswith("error: ")]
     assert len(lines) == 1 and server.base_url in lines[0] and not store.exists()
+    assert "Traceback" not in captured.err and "Unhandled error" not in captured.err
