@@ -143,9 +143,14 @@ def test_in_the_loop_a_server_that_never_keeps_the_contract_ends_the_run_but_lat
     server.faults.mode = mode
     liar = scorer(server.base_url, bad_responses="count", breaker_failures=4)
     texts = [f"message {i}" for i in range(6)]
-    with pytest.raises(EndpointError, match=r"kept the API's contract in none of its first [4-6] answers, so it serves no model") as raised:
+    with pytest.raises(EndpointError, match=r"kept the API's contract in none of its first [4-6] label log-probs, so it serves no") as raised:
         liar.score(TEMPLATE, texts)
     assert not isinstance(raised.value, EndpointResponseError) and liar.stats.responses_invalid <= len(texts)
+    if mode == "nan":  # its greedy answers keep the contract (they ask for no log-probs); its log-probs never do
+        answers_only = scorer(server.base_url, bad_responses="count", breaker_failures=4)
+        assert answers_only.answer(TEMPLATE, [SCAM], 3)[0].text
+        with pytest.raises(EndpointError, match="none of its first [4-6] label log-probs"):
+            answers_only.score(TEMPLATE, texts)
     server.faults.mode = None
     honest_first = scorer(server.base_url, bad_responses="count", breaker_failures=4)
     assert honest_first.score(TEMPLATE, [SCAM])[0, 0] > -0.5

@@ -273,7 +273,9 @@ class EndpointLabelScorer:
         self.max_concurrency = max_concurrency
         self.bad_responses = bad_responses
         self.breaker_failures = breaker_failures
-        self._kept_contract = False  # a response has kept the API's contract: later breaches are data
+        # per kind of request (label log-probs, greedy answers): answers that broke the API's contract before one
+        # of that kind kept it; once one has, later breaches of that kind are data
+        self._broken_before_kept: dict[str, int | None] = {"score": 0, "answer": 0}
         self.max_response_bytes = max_response_bytes
         self.route = "/chat/completions" if chat else "/completions"
         self._breaker = _Breaker(self.base_url, breaker_failures, deadline_s)
@@ -369,9 +371,9 @@ class EndpointLabelScorer:
             data = self._post(payload)
             choice = self._parse(data).choices[0]
         except EndpointResponseError as exc:
-            self._invalid(exc)
+            self._invalid(exc, "answer")
             return Answer("", False, 0)  # no answer is an empty one, which breaks any output contract
-        self._kept_contract = True
+        self._broken_before_kept["answer"] = None
         text = (choice.message.content if choice.message else None) if self.chat else choice.text
         usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
         tokens = _count(usage.get("completion_tokens"))
@@ -407,24 +409,27 @@ class EndpointLabelScorer:
         try:
             scores = self._score_one(prompt)
         except EndpointResponseError as exc:
-            self._invalid(exc)
+            self._invalid(exc, "score")
             return None
-        self._kept_contract = True
+        self._broken_before_kept["score"] = None
         return scores
 
-    def _invalid(self, exc: EndpointResponseError) -> None:
+    def _invalid(self, exc: EndpointResponseError, kind: str) -> None:
         """A response that broke the contract: raised (predict, eval) or counted as no answer (the loop). A server
-        whose first ``breaker_failures`` responses all broke it is not serving a model: that ends the run too."""
+        whose first ``breaker_failures`` responses of one ``kind`` (``"score"``: label log-probs, ``"answer"``) all
+        broke it is not serving a model that kind of request can read: that ends the run too."""
         if self.bad_responses == "raise":
             raise exc
         with self._lock:
             self.stats.responses_invalid += 1
             first = self.stats.responses_invalid == 1
-            never = not self._kept_contract and self.stats.responses_invalid >= self.breaker_failures
-        if never:
-            raise EndpointError(f"{self.base_url} kept the API's contract in none of its first "
-                                f"{self.stats.responses_invalid} answers, so it serves no model to tune. The last: "
-                                f"{exc}") from None
+            broken = self._broken_before_kept[kind]
+            if broken is not None:
+                broken = self._broken_before_kept[kind] = broken + 1
+        if broken is not None and broken >= self.breaker_failures:
+            what = "label log-probs" if kind == "score" else "answers"
+            raise EndpointError(f"{self.base_url} kept the API's contract in none of its first {broken} {what}, so "
+                                f"it serves no model to tune. The last: {exc}") from None
         if first:
             logger.warning("%s; counted as an answer naming no label (stats.responses_invalid)", exc)
 
