@@ -129,6 +129,8 @@ def tune(task: TaskConfig, options: RunOptions, *, resume: bool = False, log=pri
                           component_names=list(task.component_names), resume_id=state.wandb_id)
         state.wandb_id = tracker.run_id
         log(f"W&B run ({options.wandb_mode}): {tracker.folder}")
+        if tracker.note:
+            log(tracker.note)
         try:
             report = _run(task, options, pool, learner, policy.tokenizer, tracker, state, run_dir, plan, budget, log)
         except EndpointError as exc:

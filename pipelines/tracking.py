@@ -23,10 +23,21 @@ class Tracker:
 
         self._wandb = wandb
         self.components = list(component_names)
-        self.run = wandb.init(
-            project=project, entity=entity, name=name, dir=str(run_dir), mode=mode, config=config,
-            id=resume_id, resume="allow" if resume_id else None, settings=wandb.Settings(console="off"),
-        )
+        self.note = ""  # what a resumed run should say about its W&B run
+
+        def init(run_id: str | None):
+            return wandb.init(project=project, entity=entity, name=name, dir=str(run_dir), mode=mode, config=config,
+                              id=run_id, resume="allow" if run_id else None, settings=wandb.Settings(console="off"))
+
+        try:
+            self.run = init(resume_id)
+        except Exception as exc:  # wandb's own error types move between releases; the message says which this is
+            if not resume_id or "in use" not in str(exc):
+                raise
+            # A killed run's W&B service can outlive it and still hold its run id: the resumed part is a new run.
+            self.run = init(None)
+            self.note = (f"W&B run {resume_id} is still held by the stopped process's W&B service; the resumed "
+                         f"steps are logged as W&B run {self.run.id}")
 
     @property
     def run_id(self) -> str:
