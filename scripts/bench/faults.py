@@ -1,6 +1,6 @@
 """Every fault mode of the loopback test server x (eval, predict, tune): exit code, wall time, first line printed.
 
-    python scripts/bench/faults.py [--timeout 2] [--deadline 5] [--commands eval,predict,tune]
+    python -m bench.faults [--timeout 2] [--deadline 5] [--commands eval,predict,tune]
 
 A scripted server (tests/openai_compat_server.py, no model) breaks every completion request one way
 (``FAULT_MODES``); the commands run in this process through ``pipelines.cli.main`` against it, with
@@ -98,7 +98,7 @@ def main() -> int:
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())
     print(f"{cpu}, {len(Path('/proc/cpuinfo').read_text().split('processor')) - 1} cores; "
-          f"python scripts/bench/faults.py --timeout {args.timeout} --deadline {args.deadline}\n")
+          f"python -m bench.faults --timeout {args.timeout} --deadline {args.deadline}\n")
     print("| mode | command | exit | wall s | s after 1st request | first line |")
     print("| --- | --- | --- | --- | --- | --- |")
     for mode, command, code, wall, since, first in rows:

@@ -1,6 +1,6 @@
 """Benchmark the template store's serving path on a temporary SQLite store.
 
-    python scripts/bench/store.py [--calls 100000] [--loads 200] [--promotions 100]
+    python -m bench.store [--calls 100000] [--loads 200] [--promotions 100]
 
 Prints p50/p99 of a cached lookup+render, of a routing decision, of the first lookup after a
 label move (the "hot load"), and the time from a promotion in one process to its visibility in a
