@@ -33,7 +33,6 @@ from typing import Sequence
 from pipelines import cli_eval, cli_production, cli_store, cli_tasks, cli_tune
 from pipelines.budget import BudgetError
 from pipelines.cli_output import one_line
-from pipelines.cli_output import table  # noqa: F401  the bench scripts import it from here
 from pipelines.config import ConfigError
 from pipelines.data import DataError
 from pipelines.engine.endpoints import EndpointError

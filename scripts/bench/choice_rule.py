@@ -27,7 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from bench import tuning as bench
-from pipelines.cli import quiet_libraries, table
+from pipelines.cli import quiet_libraries
+from pipelines.cli_output import table
 
 
 def paired_gain(seed_lp, chosen_lp, gold: list[str], labels: list[str], resamples: int = 2000,

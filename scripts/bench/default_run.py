@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from bench import REPO
-from pipelines.cli import table
+from pipelines.cli_output import table
 
 # Student's t, two-sided 95%, by degrees of freedom
 _T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}

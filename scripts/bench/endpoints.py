@@ -31,7 +31,8 @@ import sys
 import time
 
 from bench import REPO as ROOT
-from pipelines.cli import quiet_libraries, table
+from pipelines.cli import quiet_libraries
+from pipelines.cli_output import table
 
 
 def load_server_module():

@@ -40,7 +40,7 @@ from pathlib import Path
 from bench import REPO
 from bench import seed_in_ranking as bench_seed_in_ranking
 from bench import tuning as bench
-from pipelines.cli import table
+from pipelines.cli_output import table
 
 METRICS = ("task", "balanced_accuracy", "roc_auc")
 # what a test record holds besides the task's own metric (bench_tuning.test_figures and the ledger's bookkeeping)

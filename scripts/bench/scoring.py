@@ -44,7 +44,8 @@ import argparse
 import sys
 import time
 
-from pipelines.cli import quiet_libraries, table
+from pipelines.cli import quiet_libraries
+from pipelines.cli_output import table
 
 INSTRUCTIONS = [
     None,  # the seed

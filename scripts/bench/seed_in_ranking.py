@@ -27,7 +27,8 @@ import time
 from pathlib import Path
 
 from bench import tuning as bench
-from pipelines.cli import quiet_libraries, table
+from pipelines.cli import quiet_libraries
+from pipelines.cli_output import table
 
 
 def dev_key(task_name: str, text: str) -> str:

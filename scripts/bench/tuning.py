@@ -64,7 +64,8 @@ import yaml
 
 from bench import REPO
 from bench.ledger import Ledger, method_fingerprint, probe, scorer_fingerprint, settings
-from pipelines.cli import quiet_libraries, table
+from pipelines.cli import quiet_libraries
+from pipelines.cli_output import table
 
 METHODS = ("seed", "best-of-N", "OPRO", "PPO", "DSPy COPRO", "DSPy MIPROv2")
 QUICK_TASK = str(REPO / "tests" / "data" / "risk_small.yaml")
