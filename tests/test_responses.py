@@ -183,7 +183,7 @@ def test_greedy_answers_equal_model_generate_and_fill_the_label_cache(lm):
         assert answer.truncated == (out.shape[1] - ids.shape[1] == 5 and out[0, -1] != lm.tokenizer.eos_token_id)
     scored = scorer.stats.pairs_scored
     fresh = LabelScorer(lm, task.verbalizers, batch_size=4).score(template, texts)
-    assert np.abs(scorer.score(template, texts) - fresh).max() < 1e-4  # the first answer pass scored the labels
+    assert np.array_equal(scorer.score(template, texts), fresh)  # the answers' pass is score's, batch for batch
     assert scorer.stats.pairs_scored == scored  # ... and score() took them from the cache
     # Early stop: once the first word is complete the parse cannot change.
     contract = task_contract(task)
@@ -195,8 +195,9 @@ def test_greedy_answers_equal_model_generate_and_fill_the_label_cache(lm):
 
 @pytest.mark.e2e
 def test_long_answers_decoded_with_a_cache_equal_model_generate_and_stop_when_the_json_closes(lm):
-    """A generation task's answers run for tens of tokens: after the first (packed) token the rest are decoded
-    with a key/value cache per left-padded batch; the text must be model.generate's, token for token."""
+    """A generation task's answers run for tens of tokens: after the packed pass's first token the rest are
+    decoded one pass per token over the pass's kept keys and values (``PackedLlama.greedy``); the text must be
+    model.generate's, token for token."""
     import torch
 
     from pipelines.data import load_splits

@@ -387,10 +387,9 @@ def test_candidate_scorer_measures_every_component(risk, lm):
     assert 1.0 < scored[2].measured.prompt_ratio < 1.0 + extra / scorer.count_tokens(seed)
     # Counted by the scorer: 16 dev examples, their entity-swapped variants, and one perturbed template per
     # attack on the 8-example robustness sample (its clean pairs are among the dev pairs), unless a
-    # perturbation matched the clean template. A bfloat16 model scores the labels in a pass of its own besides
-    # the answers' (pipelines.engine.target.LabelScorer._greedy): 16 more.
-    apart = 0 if scorer.target.inner._rows_from_answers else 16
-    assert 16 <= scored[0].target_calls <= 16 + 16 + 2 * 8 + apart
+    # perturbation matched the clean template. The answers' pass scores the labels too, in every dtype
+    # (pipelines.engine.packed_llama.PackedLlama.greedy).
+    assert 16 <= scored[0].target_calls <= 16 + 16 + 2 * 8
     assert scorer.measure([seed])[0].target_calls == 0  # a template seen again costs nothing
 
 

@@ -16,11 +16,18 @@ small model loses its time:
 * the last layer computes attention and MLP for each sequence's last token only (the only hidden state
   label scoring reads); keys and values still come from every token.
 
+The same pass starts greedy answers (``greedy``): it keeps every layer's keys and values, its last hidden states
+give each answer's first token (and the label log-probs ``score`` reads), and each further token is one pass of
+the running answers over the same weights, attending to the kept rows. So the prompt runs once for both the
+label log-probs and the answer.
+
 Any model this does not cover (``unsupported_reason``) is scored by transformers' own forward pass with
 packed attention routed through its ``AttentionInterface`` (``pipelines.engine.target``).
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -69,6 +76,7 @@ class PackedLlama:
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.lm_head = model.get_output_embeddings()  # the full vocabulary, for greedy answers' next tokens
         self.layers = []
         for layer in self.body.layers:
             attn, mlp = layer.self_attn, layer.mlp
@@ -81,11 +89,12 @@ class PackedLlama:
             })
 
     @torch.inference_mode()
-    def forward(self, packing: Packing, prefix_rows: list[torch.Tensor] | None):
+    def forward(self, packing: Packing, prefix_rows: list[torch.Tensor] | None, keep: list | None = None):
         """One pass over the packed row after the known ``prefix_rows``: the final-normed hidden state at
         each sequence's last token (sequences, hidden), None if the row is only a head; and per layer the
         head's buffer rows (``Packing.build``'s ``head``: the rest of the prefix, run in the same matrix
-        products as the sequences instead of a pass of its own; empty without a head)."""
+        products as the sequences instead of a pass of its own; empty without a head). ``keep``: a list that
+        gets each layer's key/value rows (known prefix, row, zero row), for ``greedy``."""
         H, KV, D = self.heads, self.kv_heads, self.head_dim
         G = H // KV
         ids = packing.ids[0]
@@ -124,6 +133,8 @@ class PackedLlama:
             _rotary_(buffer[P:P + N, : (H + KV) * D].view(N, H + KV, D), cos, sin)
             if n_head:
                 head_rows.append(buffer[P:P + n_head, H * D:].clone())
+            if keep is not None:
+                keep.append(buffer[:, H * D:].clone())
             if final and not len(last):
                 return None, head_rows
             q_part = buffer[:, : H * D]
@@ -158,6 +169,62 @@ class PackedLlama:
             F.silu(gate, inplace=True)
             h = h + w["down"](gate.mul_(w["up"](x)))
         return self.body.norm(h), head_rows
+
+    @torch.inference_mode()
+    def greedy(self, packing: Packing, kept: list[torch.Tensor], last_hidden: torch.Tensor, max_new_tokens: int,
+               take: Callable[[int, int, int], bool]) -> int:
+        """Greedy decoding of the packed row's sequences after ``forward(packing, ..., keep=kept)``, whose last
+        hidden states (``last_hidden``) give each sequence's first new token. ``take(j, token, step)`` receives
+        sequence j's token of that step and says whether its answer is finished (the end of sequence, a settled
+        parse, the token limit); the others run one more pass together, each attending to its prompt's kept
+        rows and its own new tokens. Tokens run, for the scorer's counts."""
+        H, KV, D = self.heads, self.kv_heads, self.head_dim
+        G = H // KV
+        S, N = len(packing.last), packing.ids.shape[1]
+        zero = kept[0].shape[0] - 1  # the zero row, after the known prefix and the row
+        visible = zero - N + packing.n_head  # the prefix rows every sequence attends to
+        room = S * max(0, max_new_tokens - 1)  # rows for the new tokens (the last one is never run)
+        kv = [torch.cat([rows, rows.new_zeros(room, rows.shape[1])]) for rows in kept]
+        kept.clear()
+        # each sequence's key/value rows: the prefix, then its own tokens (padded with the zero row)
+        lengths = torch.diff(packing.last, prepend=torch.tensor([packing.n_head - 1])).tolist()
+        own = torch.full((S, visible + max(lengths)), zero, dtype=torch.long)
+        own[:, :visible] = torch.arange(visible)
+        for j, (end, length) in enumerate(zip(packing.last.tolist(), lengths)):
+            own[j, visible:visible + length] = zero - N + torch.arange(end - length + 1, end + 1)
+        position = packing.positions[0, packing.last] + 1
+        running = torch.arange(S)
+        tokens = self.lm_head(last_hidden).argmax(-1)
+        half, run = D // 2, 0
+        for step in range(max_new_tokens):
+            keep = [r for r, (j, token) in enumerate(zip(running.tolist(), tokens.tolist())) if not take(j, token, step)]
+            if not keep or step == max_new_tokens - 1:
+                break
+            running, tokens = running[keep], tokens[keep]
+            R = len(running)
+            new_rows = zero + 1 + step * S + running
+            index = torch.cat([own[running], zero + 1 + torch.arange(step + 1) * S + running[:, None]], 1)
+            valid = (index != zero).view(R, 1, 1, -1)
+            h = self.body.embed_tokens(tokens)
+            cos, sin = self.body.rotary_emb(h, (position[running] + step).view(1, R))
+            cos, sin = cos[0].unsqueeze(1), sin[0].unsqueeze(1)
+            sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+            for index_l, w in enumerate(self.layers):
+                x = _rms_norm(h, *w["norm1"])
+                qkv = x @ w["qkv"].T
+                _rotary_(qkv[:, : (H + KV) * D].view(R, H + KV, D), cos, sin)
+                kv[index_l][new_rows] = qkv[:, H * D:]
+                rows = kv[index_l].index_select(0, index.flatten()).view(R, -1, 2, KV, D).permute(0, 2, 3, 1, 4)
+                out = F.scaled_dot_product_attention(qkv[:, : H * D].reshape(R, KV, G, D), rows[:, 0], rows[:, 1],
+                                                     attn_mask=valid, scale=w["scaling"])
+                h = h + w["o"](out.reshape(R, H * D))
+                x = _rms_norm(h, *w["norm2"])
+                gate = w["gate"](x)
+                F.silu(gate, inplace=True)
+                h = h + w["down"](gate.mul_(w["up"](x)))
+            tokens = self.lm_head(self.body.norm(h)).argmax(-1)
+            run += R
+        return run
 
 
 class _Linear:

@@ -24,9 +24,12 @@ every position over the whole vocabulary. ``LabelScorer.score`` computes the sam
   operation (norms, attention per bucket) across cores;
 * results are cached by (template, example), so a template seen again costs nothing.
 
-``LabelScorer.answer`` generates the greedy answers an application would read with a key/value cache: the shared
-prefix once per template, the example suffixes in padded batches (in float32 their pass's label log-probs are
-cached for ``score`` on the way), then one token's pass per new token (``_greedy``). An answer stops at the
+``LabelScorer.answer`` generates the greedy answers an application would read. On the packed Llama path the
+prompts run once, in the same packed batches as ``score``, whose label log-probs are cached for ``score`` on the
+way (the same numbers in every dtype); the pass keeps its keys and values and each further token is one pass of
+the running answers (``PackedLlama.greedy``). Other models decode with transformers' key/value cache: the shared
+prefix once per template, the example suffixes in padded batches, one token's pass per new token (``_greedy``,
+whose label log-probs are cached only in float32). An answer stops at the
 model's end of sequence, as soon as the caller's ``complete`` says its parse cannot change (the first word of a
 label answer), or at the token limit (``truncated``). ``scripts/bench/scoring.py`` compares it with
 ``model.generate`` per pair.
@@ -190,8 +193,8 @@ class LabelScorer:
         flat = [t for ids in self.label_ids for t in ids]
         self._label_head = model.get_output_embeddings().weight[flat].detach().float()
         self._label_flat = flat
-        # Greedy answers run transformers' own forward pass; in float32 its label log-probs equal the packed
-        # pass's to about 1e-5 and are cached for ``score``, in bfloat16 they would not be the same numbers.
+        # Greedy answers off the packed path run transformers' own forward pass; in float32 its label log-probs
+        # equal the packed pass's to about 1e-5 and are cached for ``score``, in bfloat16 they would not be.
         self._rows_from_answers = next(model.parameters()).dtype == torch.float32
         eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         eos = [eos] if isinstance(eos, int) else list(eos or [])
@@ -304,10 +307,18 @@ class LabelScorer:
     def _answer_uncached(self, template: Template, texts: list[str], max_new_tokens: int, complete) -> list[Answer]:
         prefix_ids, shared, fallback = self._split(template, texts)
         answers: dict[int, Answer] = {}
-        for suffixes, prefix_ids_ in ((shared, prefix_ids), (fallback, [])):
-            if suffixes:
+        for suffixes, prefix_ids_, prefix in ((shared, prefix_ids, True), (fallback, [], False)):
+            if not suffixes:
+                continue
+            if self._packed is not None:  # the packed pass: label log-probs for ``score`` and the answers' start
+                answering = _Answering(self.lm.tokenizer, self._eos, max_new_tokens, complete)
+                state = self._prefix_state(prefix_ids_) if prefix else None
+                for i, row in self._run_batches(suffixes, state, len(prefix_ids_), answering).items():
+                    self._cache.put(template.text, texts[i], row)  # exactly what ``score`` computes
+                answers.update(answering.answers)
+            else:
                 answers.update(self._greedy(template, texts, suffixes, prefix_ids_, max_new_tokens, complete))
-        if self._rows_from_answers:
+        if self._packed is not None or self._rows_from_answers:
             self.stats.pairs_scored += len(texts)  # the prompt's pass scored the labels too
         self.stats.answers_generated += len(texts)
         self.stats.answer_tokens += sum(a.tokens for a in answers.values())
@@ -316,8 +327,8 @@ class LabelScorer:
 
     def _greedy(self, template, texts, suffixes: dict[int, list[int]], prefix_ids: list[int], max_new_tokens: int,
                 complete, batch_size: int = 32) -> dict[int, Answer]:
-        """Greedy decoding of the sequences ``suffixes`` after ``prefix_ids`` with a key/value cache: the prompt
-        once, then one token's pass per new token.
+        """Greedy decoding of the sequences ``suffixes`` after ``prefix_ids`` with transformers' key/value cache
+        (models the packed Llama pass does not cover): the prompt once, then one token's pass per new token.
 
         The shared prefix runs once and its cache is repeated for each batch; the suffixes, sorted by length, are
         padded between the prefix and their own tokens (masked out, positions counted from the prefix's end). The
@@ -419,13 +430,15 @@ class LabelScorer:
         while len(self._prefixes) > self._keep_prefixes:
             self._prefixes.pop(next(iter(self._prefixes)))
 
-    def _run_batches(self, suffixes: dict[int, list[int]], prefix, n_prefix: int) -> dict[int, np.ndarray]:
+    def _run_batches(self, suffixes: dict[int, list[int]], prefix, n_prefix: int, answering: "_Answering | None" = None
+                     ) -> dict[int, np.ndarray]:
         """Run token sequences that follow a shared prefix (``prefix`` from ``_prefix_state``; None: no prefix),
-        packed; the label log-probs at each sequence's last position, by index."""
+        packed; the label log-probs at each sequence's last position, by index. With ``answering`` (packed Llama
+        path only) each batch goes on to its greedy answers, collected there."""
         order = sorted(suffixes, key=lambda i: len(suffixes[i]))  # similar lengths together: tight attention buckets
         shards = self._shard_count(len(order))
         if shards == 1:
-            done = [self._run_shard(order, suffixes, prefix, n_prefix)]
+            done = [self._run_shard(order, suffixes, prefix, n_prefix, answering)]
         else:
             # Longest first, each to the part with the fewest tokens so far: the slowest thread sets the wall
             # time, and dealing a length-sorted list in turn would hand the same part the longest sequence of
@@ -436,7 +449,7 @@ class LabelScorer:
                 parts[k].insert(0, i)
                 loads[k] += len(suffixes[i])
             with _intra_op_threads(1), ThreadPoolExecutor(shards, thread_name_prefix="label-scorer") as pool:
-                done = list(pool.map(lambda part: self._run_shard(part, suffixes, prefix, n_prefix), parts))
+                done = list(pool.map(lambda part: self._run_shard(part, suffixes, prefix, n_prefix, answering), parts))
         if isinstance(prefix, _PackedPrefix) and prefix.head:
             self._remember_prefix(prefix.key, done[0][2])  # every thread ran the head; the first one's rows are kept
         self.stats.tokens_forward += sum(tokens for _, tokens, _ in done)
@@ -450,9 +463,10 @@ class LabelScorer:
         return max(1, min(torch.get_num_threads(), sequences // per_shard))
 
     @torch.inference_mode()  # thread-local: entered in each scoring thread
-    def _run_shard(self, order: list[int], suffixes: dict[int, list[int]], prefix, n_prefix: int):
-        """Run the sequences ``order`` (sorted by length) in packed batches; (label log-probs by index, tokens
-        run, the prefix's rows if this call ran its head)."""
+    def _run_shard(self, order: list[int], suffixes: dict[int, list[int]], prefix, n_prefix: int,
+                   answering: "_Answering | None" = None):
+        """Run the sequences ``order`` (sorted by length) in packed batches, each then answered greedily with
+        ``answering``; (label log-probs by index, tokens run, the prefix's rows if this call ran its head)."""
         results: dict[int, np.ndarray] = {}
         start = tokens = 0
         head, rows_known = [], prefix
@@ -468,11 +482,15 @@ class LabelScorer:
             start += len(rows)
             packing = Packing.build([suffixes[i] for i in rows], n_prefix - len(head), head=head)
             if self._packed is not None:
-                picked, head_rows = self._packed.forward(packing, rows_known)  # (rows, d)
+                kept: list | None = [] if answering is not None else None
+                picked, head_rows = self._packed.forward(packing, rows_known, keep=kept)  # (rows, d)
                 if head:  # later batches read the whole prefix as known rows
                     rows_known = head_rows if rows_known is None else [
                         torch.cat([old, new]) for old, new in zip(rows_known, head_rows)]
                     tokens, head = tokens + len(head), []
+                if answering is not None and kept is not None:
+                    tokens += self._packed.greedy(packing, kept, picked, answering.max_new_tokens,
+                                                  answering.taker(list(rows)))
             else:
                 picked = self._hf_last_hidden(packing, prefix)
             scores = self._label_readout(picked)
@@ -494,6 +512,36 @@ class LabelScorer:
                 f"AttentionInterface ({hf_pass.calls} of {self._n_layers} layers); packed scoring needs it"
             )
         return hidden[0, packing.last]
+
+
+class _Answering:
+    """Greedy answers being written on the packed path: each index's new tokens, and its ``Answer`` once finished
+    (the same stopping rules as ``LabelScorer._greedy``)."""
+
+    def __init__(self, tokenizer, eos: set[int], max_new_tokens: int, complete: Callable[[str], bool] | None):
+        self.tokenizer, self.eos, self.max_new_tokens, self.complete = tokenizer, eos, max_new_tokens, complete
+        self.new: dict[int, list[int]] = {}
+        self.answers: dict[int, Answer] = {}
+
+    def taker(self, rows: list[int]) -> Callable[[int, int, int], bool]:
+        """``take`` for a packed batch whose j-th sequence is index ``rows[j]``."""
+        return lambda j, token, step: self.take(rows[j], token, step)
+
+    def take(self, i: int, token: int, step: int) -> bool:
+        """Index i's token of this step; True when its answer is finished."""
+        new = self.new.setdefault(i, [])
+        if token in self.eos:
+            self.answers[i] = Answer(self.tokenizer.decode(new, skip_special_tokens=True), False, len(new))
+            return True
+        new.append(token)
+        text = self.tokenizer.decode(new, skip_special_tokens=True)
+        if self.complete is not None and self.complete(text):
+            self.answers[i] = Answer(text, False, len(new))
+        elif step == self.max_new_tokens - 1:
+            self.answers[i] = Answer(text, True, len(new))
+        else:
+            return False
+        return True
 
 
 def _prompt_tokens(prefix_ids: list[int], shared: dict, fallback: dict) -> int:

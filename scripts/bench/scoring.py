@@ -23,10 +23,12 @@ FLOP/s (same dtype) measured on this machine in the same run.
 Then the greedy answers (what ``instruction_following`` and an answer decision read), in the same run:
   * generate: `model.generate` per pair, greedy, the whole prompt, as many new tokens as the scorer's answer
               to that pair took (so both do the same decoding work), one pair at a time;
-  * answers:  `LabelScorer.answer` with an empty cache: the first token from the packed scoring pass, the rest
-              decoded with a key/value cache (the shared prefix run once, up to 32 answers per step), stopping
-              at the contract's first word (risk's `first_word` rule).
-Both must give the same text for every pair; the script checks it.
+  * answers:  `LabelScorer.answer` with an empty cache: the packed scoring pass (shared prefix once, which also
+              gives the label log-probs) gives the first token, the rest are decoded over that pass's kept keys
+              and values, a batch's running answers one pass per token (``PackedLlama.greedy``), stopping at the
+              contract's first word (risk's `first_word` rule).
+The script counts the pairs whose text differs (in float32 none should; in bfloat16 the two paths round
+differently and a nearly tied token can go the other way).
 
 Every row gives pairs/s and prompt tokens/s (the tokens of the rendered prompts, chat template included,
 whatever a method actually runs). ``--input-chars 1000`` makes each input about 1,000 characters long
@@ -132,6 +134,8 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=64, help="examples per forward pass of the scorer")
     parser.add_argument("--rounds", type=int, default=2, help="timed rounds; each template's fastest counts")
     parser.add_argument("--answers-only", action="store_true", help="only the greedy answers against model.generate")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"],
+                        help="the model's dtype (default: the project's, bfloat16 where the CPU computes it natively)")
     parser.add_argument("--input-chars", type=int, default=0,
                         help="make each input this many characters long (dev messages joined); 0: the messages as they are")
     parser.add_argument("--long-too", action="store_true",
@@ -145,7 +149,7 @@ def main() -> int:
 
     torch.set_num_threads(args.threads)
     task = load_task("risk")
-    lm = load_causal_lm()
+    lm = load_causal_lm(dtype=args.dtype) if args.dtype else load_causal_lm()
     llm = None if args.answers_only else llama_cpp_model(args.threads)
     if llm is None and not args.answers_only:
         print("llama.cpp: not installed (pip install llama-cpp-python for its column)\n")
