@@ -259,7 +259,8 @@ class OutputConfig(_Strict):
 
     contract: dict[str, Any] = Field(description="{kind: json, schema: {...}} (a JSON Schema subset: type, "
                                      "properties, required, enum, pattern, minLength/maxLength, minimum/maximum, "
-                                     "items, ...) or {kind: regex, pattern: ...}")
+                                     "items, ...) or {kind: regex, pattern: ...}; patterns are RE2 syntax (no "
+                                     "backreferences or lookaround: such a pattern is refused)")
     max_new_tokens: int = Field(96, ge=1, le=512, description="greedy answers stop here (cut off = a contract failure)")
 
     def output_contract(self):

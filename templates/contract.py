@@ -17,6 +17,11 @@ Three kinds, as the task file declares:
   first`` the value is the first match of the pattern anywhere in the answer ("The number is 09061701461." gives
   09061701461), as an application that searches the answer would read it.
 
+Patterns (a regex contract's, a JSON schema's ``pattern``) are RE2 syntax and run on RE2 (``templates.patterns``):
+an answer is text the model shaped, and a backtracking engine would let a pattern such as ``(a+)+$`` take
+exponential time on it. A pattern RE2 cannot express (backreferences, lookaround) is refused when the contract is
+built, so a task file that holds one is refused when it is read.
+
 An answer that breaks its contract is data, not an error: ``parse`` never raises, it returns ``Parsed`` with
 ``ok=False`` and a short reason. A contract that is itself wrong raises ``ContractError`` when it is built.
 
@@ -34,6 +39,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from templates import patterns
 
 KINDS = ("labels", "json", "regex")
 KIND_FIELDS = {"labels": ("labels", "words"), "json": ("schema", "extract"), "regex": ("pattern", "extract")}
@@ -171,19 +178,12 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _compiles(pattern: Any) -> bool:
-    try:
-        return isinstance(pattern, str) and re.compile(pattern) is not None
-    except re.error:
-        return False
-
-
 SCHEMA_KEYWORDS = {  # the JSON Schema subset: keyword -> (check of its value, what the value must be)
     "type": (lambda v: v in JSON_TYPES or (isinstance(v, list) and v and all(t in JSON_TYPES for t in v)),
              f"one of {'/'.join(JSON_TYPES)} or a list of them"),
     "enum": (lambda v: isinstance(v, list), "a list of the allowed values"),
     "const": (lambda v: True, "any JSON value"),
-    "pattern": (_compiles, "a regular expression that compiles"),
+    "pattern": (lambda v: isinstance(v, str), "a regular expression in RE2 syntax"),  # RE2 compiles it: _check_schema
     "minLength": (_count, "a non-negative integer"),
     "maxLength": (_count, "a non-negative integer"),
     "minimum": (_number, "a finite number"),
@@ -216,6 +216,9 @@ def _check_schema(schema: Any, where: str, depth: int = 0) -> None:
         valid, what = SCHEMA_KEYWORDS[keyword]
         if not valid(value):
             raise ContractError(f"json schema at {where[:60]}: {keyword} must be {what}, not {short(value)}")
+    refused = patterns.refusal(schema["pattern"]) if "pattern" in schema else None
+    if refused:
+        raise ContractError(f"json schema at {where[:60]}: pattern {short(schema['pattern'], 40)}: {refused}")
     for name, sub in schema.get("properties", {}).items():
         _check_schema(sub, f"{where}.properties.{name}", depth + 1)
     if "items" in schema:
@@ -238,7 +241,7 @@ def _violation(value: Any, schema: Mapping, path: str) -> str | None:
             return f"{path}: {short(value)} is shorter than minLength {schema['minLength']}"
         if len(value) > schema.get("maxLength", math.inf):
             return f"{path}: {short(value)} is longer than maxLength {schema['maxLength']}"
-        if "pattern" in schema and not re.search(schema["pattern"], value):
+        if "pattern" in schema and patterns.search(schema["pattern"], value) is None:
             return f"{path}: {short(value)} does not match pattern {short(schema['pattern'], 40)}"
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
         if value < schema.get("minimum", -math.inf):
@@ -283,7 +286,7 @@ class OutputContract:
     words: tuple[str, ...] = ()  # labels: the answer word of each label, e.g. ("yes", "no")
     rule: str = "first_word"  # labels: "first_word" or "exact"
     schema: Mapping | None = None  # json: a JSON-Schema subset (SCHEMA_KEYWORDS)
-    pattern: str | None = None  # regex: the whole stripped answer must fullmatch it
+    pattern: str | None = None  # regex: the whole stripped answer must fullmatch it (RE2 syntax)
     max_chars: int = 4000  # longer answers fail
     max_depth: int = 16  # json: deeper nesting fails
     extract: str = "whole"  # json/regex: the "whole" answer, or the "first" object/array or match in it
@@ -321,8 +324,12 @@ class OutputContract:
             if len(copy) > MAX_SCHEMA_CHARS:
                 raise ContractError(f"contract schema is {len(copy):,} characters of JSON, over the limit of "
                                     f"{MAX_SCHEMA_CHARS:,}; give a smaller schema")
-        elif not _compiles(self.pattern):
+        elif not isinstance(self.pattern, str):
             raise ContractError(f"a regex contract needs a pattern that compiles, not {short(self.pattern, 40)}")
+        else:
+            refused = patterns.refusal(self.pattern)  # compiled once here; parse reuses it (patterns caches it)
+            if refused:
+                raise ContractError(f"pattern {short(self.pattern, 40)}: {refused}")
 
     def _check_labels(self) -> None:
         if len(self.labels) < 2 or len(self.words) != len(self.labels):
@@ -365,7 +372,7 @@ class OutputContract:
             return Parsed(False, None, CUT_OFF)
         text = answer.strip()
         if self.kind == "regex":
-            if re.fullmatch(self.pattern, text):
+            if patterns.fullmatch(self.pattern, text):
                 return Parsed(True, text)
             return Parsed(False, None, f"answer {short(text)} does not match pattern {short(self.pattern, 40)}")
         return self._parse_json(text)
@@ -415,9 +422,10 @@ class OutputContract:
         return self._parse_json(answer[start:end])
 
     def _parse_first_match(self, answer: str, truncated: bool) -> Parsed:
-        found = re.search(self.pattern, answer)
-        if found is not None and not (truncated and found.end() == len(answer)) and found.group().strip():
-            return Parsed(True, found.group().strip())
+        span = patterns.search(self.pattern, answer)
+        matched = answer[span[0]:span[1]].strip() if span is not None else ""
+        if span is not None and not (truncated and span[1] == len(answer)) and matched:
+            return Parsed(True, matched)
         if truncated:  # no match yet, or one that may go on past the limit ("0906170" of "09061701461")
             return Parsed(False, None, CUT_OFF)
         return Parsed(False, None, f"no match of the pattern {short(self.pattern, 40)} in the answer")

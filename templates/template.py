@@ -10,7 +10,8 @@ so neither the template nor a value can make the renderer evaluate anything.
 
 A ``regex`` constraint runs on RE2 (linear time in the value's length, whatever the pattern), so a pattern
 such as ``(a+)+$`` cannot stall rendering. RE2 has no backreferences or lookaround, and its ``\\d``, ``\\w``
-and ``\\b`` are ASCII-only; a pattern using an unsupported feature is refused when the constraint is built.
+and ``\\b`` are ASCII-only (``templates.patterns``, shared with the output contracts, lists the differences from
+``re``); a pattern using an unsupported feature is refused when the constraint is built.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-import re2
-
 from templates.contract import short, unknown_names
 from templates.decision import DecisionError, DecisionRule
+from templates.patterns import fullmatch as _fullmatch
+from templates.patterns import refusal as _refusal
 
 MAX_INPUT_CHARS = 100_000  # characters of one input: about 25,000 tokens, past any target's context
 
@@ -38,17 +39,6 @@ MAX_TEMPLATE_CHARS = 20_000
 
 class TemplateError(ValueError):
     """A template or a rendering request is not acceptable; the message names the fix."""
-
-
-_RE2_OPTIONS = re2.Options()
-_RE2_OPTIONS.log_errors = False  # RE2 would also write each refused pattern to stderr
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-@functools.lru_cache(maxsize=256)
-def _compile_regex(pattern: str):
-    """A pattern compiled once per process (a Constraint holds only the text, so it pickles and compares as before)."""
-    return re2.compile(pattern, _RE2_OPTIONS)
 
 
 CONSTRAINT_OPS = ("in", "regex", "max_chars")
@@ -78,14 +68,10 @@ class Constraint:
             object.__setattr__(self, "arg", tuple(str(v) for v in self.arg))
         elif self.op == "regex":
             object.__setattr__(self, "arg", str(self.arg))
-            try:
-                _compile_regex(self.arg)
-            except (re2.error, UnicodeEncodeError) as exc:  # UnicodeEncodeError: a lone surrogate
-                reason = exc.args[0].decode("utf-8", "replace") if exc.args and isinstance(exc.args[0], bytes) else exc
-                raise TemplateError(
-                    f"constraint on {self.variable!r}: bad regular expression {self.arg[:80]!r}: {reason}; write it "
-                    "in RE2 syntax (no backreferences or lookaround, repetition counts up to 1000)"
-                ) from None
+            refused = _refusal(self.arg)  # compiled once here; templates.patterns caches it for violation
+            if refused:
+                raise TemplateError(f"constraint on {self.variable!r}: bad regular expression {self.arg[:80]!r}: "
+                                    f"{refused}")
         elif self.op == "max_chars":
             if not isinstance(self.arg, int) or isinstance(self.arg, bool) or not 0 <= self.arg <= MAX_INPUT_CHARS:
                 raise TemplateError(f"constraint on {short(self.variable, 40)}: 'max_chars' needs a whole number "
@@ -96,7 +82,7 @@ class Constraint:
         if self.op == "in" and value not in self.arg:
             return f"{self.variable}={value[:40]!r} is not one of {list(self.arg)}"
         # RE2 matches UTF-8, which has no lone surrogates (JSON data may carry them): those match as U+FFFD.
-        if self.op == "regex" and _compile_regex(self.arg).fullmatch(_SURROGATE.sub("\ufffd", value)) is None:
+        if self.op == "regex" and not _fullmatch(self.arg, value):
             return f"{self.variable}={value[:40]!r} does not match /{self.arg}/"
         if self.op == "max_chars" and len(value) > self.arg:
             return f"{self.variable} has {len(value)} characters, more than {self.arg}"
