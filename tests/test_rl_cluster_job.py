@@ -76,7 +76,7 @@ def test_dry_run_writes_the_files_and_prints_a_command_openrlhfs_parser_accepts(
     assert args.data.input_key == "input" and args.data.apply_chat_template
     assert args.actor.model_name_or_path == str(embedded_model_dir())
     assert args.vllm.num_engines >= 1
-    assert args.rollout.n_samples_per_prompt == load_task("risk").generation.candidates_per_step == 16
+    assert args.rollout.n_samples_per_prompt == load_task("risk").generation.candidates_per_step == 24
     assert args.train.batch_size % args.train.micro_batch_size == 0  # whole micro batches per optimizer step
 
     # The reward file is the project's reward file; its settings describe the task.
