@@ -184,6 +184,8 @@ def test_greedy_answers_equal_model_generate_and_fill_the_label_cache(lm):
     scored = scorer.stats.pairs_scored
     fresh = LabelScorer(lm, task.verbalizers, batch_size=4).score(template, texts)
     assert np.array_equal(scorer.score(template, texts), fresh)  # the answers' pass is score's, batch for batch
+    # models the packed pass does not cover decode with transformers' cache (LabelScorer._greedy): the same answers
+    assert LabelScorer(lm, task.verbalizers, batch_size=4, packed_llama=False).answer(template, texts, 5) == answers
     assert scorer.stats.pairs_scored == scored  # ... and score() took them from the cache
     # Early stop: once the first word is complete the parse cannot change.
     contract = task_contract(task)

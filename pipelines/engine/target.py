@@ -339,8 +339,7 @@ class LabelScorer:
         per step cost little more than one."""
         tok, model = self.lm.tokenizer, self.lm.model
         pad = tok.pad_token_id if tok.pad_token_id is not None else next(iter(self._eos))
-        new: dict[int, list[int]] = {i: [] for i in suffixes}
-        done: dict[int, Answer] = {}
+        answering = _Answering(tok, self._eos, max_new_tokens, complete)
         n_prefix = len(prefix_ids)
         prefix_cache = None
         if prefix_ids:
@@ -371,16 +370,7 @@ class LabelScorer:
                 tokens = out.logits[:, -1].argmax(-1).tolist()
                 keep, next_tokens = [], []
                 for r, (i, token) in enumerate(zip(running, tokens)):
-                    if token in self._eos:
-                        done[i] = Answer(tok.decode(new[i], skip_special_tokens=True), False, len(new[i]))
-                        continue
-                    new[i].append(token)
-                    text = tok.decode(new[i], skip_special_tokens=True)
-                    if complete is not None and complete(text):
-                        done[i] = Answer(text, False, len(new[i]))
-                    elif step == max_new_tokens - 1:
-                        done[i] = Answer(text, True, len(new[i]))
-                    else:
+                    if not answering.take(i, token, step):
                         keep.append(r)
                         next_tokens.append(token)
                 if not keep:
@@ -395,7 +385,7 @@ class LabelScorer:
                             past_key_values=cache, use_cache=True)
                 cache = out.past_key_values
                 self.stats.tokens_forward += len(running)
-        return done
+        return answering.answers
 
     def _label_readout(self, picked: torch.Tensor) -> np.ndarray:
         return label_logprobs(picked.float() @ self._label_head.T, self._head_index)
@@ -516,7 +506,7 @@ class LabelScorer:
 
 class _Answering:
     """Greedy answers being written on the packed path: each index's new tokens, and its ``Answer`` once finished
-    (the same stopping rules as ``LabelScorer._greedy``)."""
+    (both answer paths stop by these rules: ``PackedLlama.greedy`` and ``LabelScorer._greedy``)."""
 
     def __init__(self, tokenizer, eos: set[int], max_new_tokens: int, complete: Callable[[str], bool] | None):
         self.tokenizer, self.eos, self.max_new_tokens, self.complete = tokenizer, eos, max_new_tokens, complete
