@@ -8,6 +8,7 @@
     tune-prompts store list|show|...         the versioned template store
     tune-prompts check --task risk           drift check of the production template (exit 1 when below its bars)
     tune-prompts predict --task risk --text  what production receives: the stored version's decision on one input
+    tune-prompts serve --task risk           the prompt gateway: predict and render over HTTP, on Ray Serve
     tune-prompts schedule --task risk ...    submit check-and-tune jobs to a Ray cluster on a cron schedule
     tune-prompts report RUN_DIR              a run's report.html: learning curves, candidates, test, gate, store
 
@@ -16,7 +17,7 @@ An unexpected exception is also one line and exit 2; ``--debug`` (or TUNE_PROMPT
 
 This module is the entry point: the top-level parser, which adds each command from the module that runs it, and
 ``main``'s exit codes. The tuning run's flags and tables are in ``cli_tune.py``; tasks, render and validate in
-``cli_tasks.py``; eval in ``cli_eval.py``; predict, check and schedule in ``cli_production.py``; store in
+``cli_tasks.py``; eval in ``cli_eval.py``; predict, check and schedule in ``cli_production.py``; serve in ``cli_serve.py``; store in
 ``cli_store.py``; the flags several commands share in ``cli_flags.py``; escaping and tables in ``cli_output.py``.
 """
 
@@ -30,7 +31,7 @@ import traceback
 import warnings
 from typing import Sequence
 
-from pipelines import cli_eval, cli_production, cli_store, cli_tasks, cli_tune
+from pipelines import cli_eval, cli_production, cli_serve, cli_store, cli_tasks, cli_tune
 from pipelines.budget import BudgetError
 from pipelines.cli_output import one_line
 from pipelines.config import ConfigError
@@ -93,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_production.register_check(sub)
     cli_production.register_predict(sub)
     cli_production.register_schedule(sub)
+    cli_serve.register_serve(sub)
     cli_tasks.register_validate(sub)
     cli_tune.register_report(sub)
     cli_store.register(sub).set_defaults(func=cli_store.run)

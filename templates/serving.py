@@ -41,8 +41,8 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from time import monotonic
 from typing import Any
 
@@ -51,6 +51,10 @@ from templates.store import StoreError, TemplateStore
 from templates.template import Template
 
 _NO_CANARY = Canary(0, 0.0)  # cached for a task without a canary: share 0 routes nobody
+
+
+class RouteError(StoreError):
+    """The task has no template under the label a call asked for (or no production template at all)."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,18 @@ class Prediction:
     answer: str | None = None  # the raw greedy answer (answer decisions)
     reason: str = ""  # why the answer broke the contract
     value: Any = None  # a generation task's parsed answer (JSON value or matched text); None when broken
+    arm: str = ""  # the route that chose the version: the label read, or for a caller key canary or production
+
+
+@dataclass(frozen=True)
+class Call:
+    """One call of ``predict_many``: the task, its input values, and a label or a caller key (or neither:
+    production)."""
+
+    task: str
+    values: Mapping[str, Any]
+    label: str | None = None
+    key: str | None = None
 
 
 class TemplateReader:
@@ -102,11 +118,22 @@ class TemplateReader:
 
     def for_caller(self, task: str, key: str) -> Template:
         """The production or canary template for this caller, by sticky routing on ``key``."""
-        return self._template(self._caller_version(task, key))
+        return self._template(self._caller_version(task, key)[0])
 
     def render(self, task: str, values: Mapping[str, Any], *, label: str | None = None, key: str | None = None) -> str:
         """Render the template for a label (default production) or, given ``key``, for that caller."""
-        return self._template(self._route(task, label, key)).render(values)
+        return self._template(self.route(task, label, key)[0]).render(values)
+
+    def route(self, task: str, label: str | None = None, key: str | None = None) -> tuple[int, str]:
+        """The version id a call reads and its arm: ``label`` (default production), or for a caller ``key`` the
+        canary or production by sticky routing."""
+        if label is not None and key is not None:
+            raise ValueError("pass label or key, not both")
+        if key is None:
+            label = label or "production"
+            return self._label_version(task, label), label
+        version_id, canary = self._caller_version(task, key)
+        return version_id, "canary" if canary else "production"
 
     def predict(self, task: str, values: Mapping[str, Any], target, *, label: str | None = None,
                 key: str | None = None) -> Prediction:
@@ -114,31 +141,60 @@ class TemplateReader:
         under an answer decision) and apply the version's decision. ``target``: a label scorer of the model the
         version was tuned for, with ``score(template, texts)``, ``answer(...)`` and ``verbalizers`` (``pipelines.engine.endpoints.make_label_scorer`` makes
         one for a loaded model or an OpenAI-compatible endpoint)."""
-        version_id = self._route(task, label, key)
-        self._check_sound(version_id)
-        template = self._template(version_id)
-        rule = template.decision
-        if rule is None:
-            raise StoreError(f"version {version_id} of {task!r} carries no decision rule (it was stored without one): "
-                             f"evaluate it again and store the result, e.g. with a tuning run into this store")
-        template.render(values)  # refuses missing, unknown or constraint-breaking values before any model call
-        frame, span = template.input_frame()  # several inputs: the model sees the frame with their span in it
-        texts = [span.render(values)]
-        if rule.kind == "answer" and not rule.labels:  # a generation task: the parsed answer is the result
-            (answer,) = target.answer(frame, texts, rule.max_new_tokens, rule.contract.complete)
-            parsed = rule.parse(answer.text, truncated=answer.truncated)
-            return Prediction(None, version_id, {}, answer.text, parsed.reason, parsed.value if parsed.ok else None)
-        if list(getattr(target, "verbalizers", ())) != list(rule.verbalizers):
-            raise ValueError(f"the target scorer answers {list(getattr(target, 'verbalizers', ()))}; version "
-                             f"{version_id} decides on {list(rule.verbalizers)}: build the scorer with those words")
-        if rule.kind == "answer":
-            (answer,) = target.answer(frame, texts, rule.max_new_tokens, rule.contract.complete)
-            (row,) = target.score(frame, texts)  # in-process: cached by the answer's first pass
-            parsed = rule.parse(answer.text, truncated=answer.truncated)
-            return Prediction(parsed.value if parsed.ok else None, version_id, dict(zip(rule.labels, map(float, row))),
-                              answer.text, parsed.reason)
-        (row,) = target.score(frame, texts)
-        return Prediction(rule.decide(row), version_id, dict(zip(rule.labels, map(float, row))))
+        (result,) = self.predict_many([Call(task, values, label, key)], target)
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def predict_many(self, calls: Sequence["Call"], target) -> list["Prediction | Exception"]:
+        """``predict`` for many calls at once, each its own result or the exception it raised (a missing label, an
+        input that breaks a constraint, a damaged version, the model failing). Calls routed to the same version
+        go to the target together, in one ``score`` (and ``answer``) call with the prompt before the input shared:
+        the gateway's dynamic batches come through here. ``target``: a scorer, as ``predict`` takes it, or a
+        function ``(task, template) -> scorer`` for calls of several tasks or label words."""
+        results: list[Prediction | Exception | None] = [None] * len(calls)
+        groups: dict[int, list[tuple[int, str, str]]] = {}  # version id -> [(call index, arm, input text)]
+        for i, call in enumerate(calls):
+            try:
+                version_id, arm = self.route(call.task, call.label, call.key)
+                self._check_sound(version_id)
+                template = self._template(version_id)
+                if template.decision is None:
+                    raise StoreError(f"version {version_id} of {call.task!r} carries no decision rule (it was stored "
+                                     "without one): evaluate it again and store the result, e.g. with a tuning run "
+                                     "into this store")
+                template.render(call.values)  # refuses missing, unknown or constraint-breaking values first
+                _, span = template.input_frame()  # several inputs: the model sees the frame with their span in it
+                groups.setdefault(version_id, []).append((i, arm, span.render(call.values)))
+            except Exception as exc:  # noqa: BLE001 - this call's own result; the others go on
+                results[i] = exc
+        for version_id, members in groups.items():
+            template = self._template(version_id)
+            try:
+                scorer = target if hasattr(target, "score") else target(calls[members[0][0]].task, template)
+                decided: list[Prediction | Exception] = list(_decide(template, version_id, [t for _, _, t in members],
+                                                                     scorer))
+            except Exception as exc:  # noqa: BLE001 - the model failed: every call of the group gets the error
+                decided = [exc] * len(members)
+            for (i, arm, _), result in zip(members, decided):
+                results[i] = result if isinstance(result, Exception) else replace(result, arm=arm)
+        return [r if r is not None else RuntimeError("no result") for r in results]
+
+    def task_state(self, task: str) -> dict:
+        """The task as the store holds it now (read from the store, not the caches): its versions, where each
+        label points, and the canary's version, share and ramp. What a gateway's ``GET /v1/tasks/TASK`` shows."""
+        versions = self._store.list_versions(task)
+        labels = self._store.labels(task)
+        canary = self._store.canary(task)
+        return {
+            "task": task,
+            "versions": [{"id": v.id, "parent": v.parent_id, "created_at": v.created_at, "run": v.run_id,
+                          "promoted_by_gate": None if v.decision is None else v.decision.promote,
+                          "test": v.scores.get("test", {}), "damaged": bool(v.damage)} for v in versions],
+            "labels": labels,
+            "canary": None if canary is None else {"version": canary.version_id, "share": canary.share,
+                                                   "ramp": list(canary.ramp)},
+        }
 
     def _check_sound(self, version_id: int) -> None:
         """Refuse to serve a version whose row breaks its schema (a NaN score, a bad time, a name with control
@@ -152,11 +208,6 @@ class TemplateReader:
                              "`tune-prompts store doctor` lists every damaged row: restore the store from a backup "
                              "or promote a sound version")
 
-    def _route(self, task: str, label: str | None, key: str | None) -> int:
-        if label is not None and key is not None:
-            raise ValueError("pass label or key, not both")
-        return self._caller_version(task, key) if key is not None else self._label_version(task, label or "production")
-
     def _label_version(self, task: str, label: str) -> int:
         if monotonic() >= self._next_check_s:
             self._refresh()
@@ -165,7 +216,7 @@ class TemplateReader:
             with self._lock:
                 version_id = self._store.label_target(task, label)
                 if version_id is None:
-                    raise StoreError(
+                    raise RouteError(
                         f"task {task!r} has no {label!r} template; its labels are "
                         f"{sorted(self._store.labels(task)) or 'none'}: promote a version "
                         f"(tune-prompts store promote {task} VERSION) or pick another label"
@@ -173,7 +224,7 @@ class TemplateReader:
                 self._label_ids[(task, label)] = version_id
         return version_id
 
-    def _caller_version(self, task: str, key: str) -> int:
+    def _caller_version(self, task: str, key: str) -> tuple[int, bool]:
         if monotonic() >= self._next_check_s:
             self._refresh()
         canary = self._canaries.get(task)
@@ -182,8 +233,8 @@ class TemplateReader:
                 canary = self._canaries[task] = self._store.canary(task) or _NO_CANARY
         # The canary row carries its version id with its share, so the two always belong together.
         if canary.share and takes_canary(task, key, canary.share):
-            return canary.version_id
-        return self._label_version(task, "production")
+            return canary.version_id, True
+        return self._label_version(task, "production"), False
 
     def _template(self, version_id: int) -> Template:
         return self._compiled.get(version_id) or self._compile(version_id)
@@ -235,3 +286,31 @@ def _watch(ref: "weakref.ref[TemplateReader]", stop: threading.Event, refresh_s:
         except Exception:  # noqa: BLE001 - a failed check leaves the reader late, so its lookups check by
             pass  # themselves and raise the error (a locked or unreachable store, a damaged row) to the caller
         del reader
+
+
+def _decide(template: Template, version_id: int, texts: list[str], target) -> list[Prediction | Exception]:
+    """The version's decision on the input texts of one group: one call to the target for all of them."""
+    rule = template.decision
+    assert rule is not None  # predict_many refused versions without one
+    frame, _ = template.input_frame()
+    if rule.kind == "answer" and not rule.labels:  # a generation task: the parsed answer is the result
+        answers = target.answer(frame, texts, rule.max_new_tokens, rule.contract.complete)
+        out: list[Prediction | Exception] = []
+        for answer in answers:
+            parsed = rule.parse(answer.text, truncated=answer.truncated)
+            out.append(Prediction(None, version_id, {}, answer.text, parsed.reason, parsed.value if parsed.ok else None))
+        return out
+    if list(getattr(target, "verbalizers", ())) != list(rule.verbalizers):
+        raise ValueError(f"the target scorer answers {list(getattr(target, 'verbalizers', ()))}; version "
+                         f"{version_id} decides on {list(rule.verbalizers)}: build the scorer with those words")
+    if rule.kind == "answer":
+        answers = target.answer(frame, texts, rule.max_new_tokens, rule.contract.complete)
+        rows = target.score(frame, texts)  # in-process: cached by the answers' first pass
+        out = []
+        for answer, row in zip(answers, rows):
+            parsed = rule.parse(answer.text, truncated=answer.truncated)
+            out.append(Prediction(parsed.value if parsed.ok else None, version_id,
+                                  dict(zip(rule.labels, map(float, row))), answer.text, parsed.reason))
+        return out
+    return [Prediction(rule.decide(row), version_id, dict(zip(rule.labels, map(float, row))))
+            for row in target.score(frame, texts)]
