@@ -65,7 +65,10 @@ class _Targets:
     def __init__(self, source: ModelSource, tasks: dict[str, ServedTask]) -> None:
         from pipelines.scoring import _load
 
+        from pipelines.config import Endpoint
+
         self._model = _load(source)
+        self.local = not isinstance(self._model, Endpoint)  # a model in this process, not a server's
         self._tasks = tasks
         self._scorers: dict[tuple, Any] = {}
 
@@ -78,7 +81,7 @@ class _Targets:
         key = (words, served.chat_template, served.batch_size)
         if key not in self._scorers:
             self._scorers[key] = label_scorer(self._model, words, chat_template=served.chat_template,
-                                              batch_size=served.batch_size)
+                                              batch_size=served.batch_size, serving=True)
         return self._scorers[key]
 
 
@@ -132,14 +135,21 @@ class Gateway:
         batched.set_batch_wait_timeout_s(self.settings.batch_wait_ms / 1000)
 
     def _warm_up(self) -> None:
-        """One forward pass per served task's production version before the first request: a model's first call
-        pays for lazy set-up (allocations, kernels) that must not count against a caller's deadline."""
+        """Forward passes over each served task's production version before the first request, one per batch size
+        up to the largest: a model's first call pays for set-up (allocations, and oneDNN's kernels for each row
+        count, see ``packing.padded_rows``) that must not count against a caller's deadline."""
+        if not self.targets.local:
+            return  # a served target: its server warms itself; no calls it would bill
+        sizes = sorted({min(n, self.settings.max_batch_size) for n in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)})
         for task in self.tasks:
             try:
                 template = self.reader.get(task)
-                if template.decision is not None:
-                    frame, _ = template.input_frame()
-                    self.targets(task, template).score(frame, ["warm-up"] * 2)
+                if template.decision is None:
+                    continue
+                frame, _ = template.input_frame()
+                scorer = self.targets(task, template)
+                for n in sizes:
+                    scorer.score(frame, [f"warm-up message number {i} of {n}" for i in range(n)])
             except Exception:  # noqa: BLE001 - no production version yet, or a damaged one: its requests say so
                 pass
 

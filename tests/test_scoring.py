@@ -161,6 +161,24 @@ def test_packing_layout_round_trips_every_token():
     assert torch.equal(regrouped[headed.scatter], headed.ids[0])
 
 
+def test_padded_packing_keeps_every_sequence_where_it_was():
+    from pipelines.engine.packing import Packing, padded_rows
+
+    assert [padded_rows(n) for n in (1, 16, 17, 64, 65, 100, 129, 1000, 1025)] == [16, 16, 32, 64, 72, 104, 144, 1024,
+                                                                                 1152]
+    assert all(n <= padded_rows(n) <= n * 1.25 + 15 for n in range(1, 5000))
+    assert len({padded_rows(n) for n in range(1, 1025)}) <= 4 + 8 * 4  # a short list of row counts
+    seqs = [[1, 2], [3, 4, 5, 6], [7, 8, 9, 10, 11], [12] * 9]
+    plain, padded = Packing.build(seqs, n_prefix=5, head=[90]), Packing.build(seqs, n_prefix=5, head=[90], pad=True)
+    n = plain.ids.shape[1]
+    assert padded.ids.shape[1] == padded_rows(n) == n + padded.n_pad and padded.n_pad > 0
+    assert padded.ids[0, :n].tolist() == plain.ids[0].tolist() and padded.last.tolist() == plain.last.tolist()
+    assert padded.positions[0, :n].tolist() == plain.positions[0].tolist()
+    for (g1, m1), (g2, m2) in zip(plain.buckets, padded.buckets):  # the buckets' padding points at the new zero row
+        assert g2.tolist() == [[padded.ids.shape[1] if i == n else i for i in row] for row in g1.tolist()]
+        assert m1.tolist() == m2.tolist()
+
+
 def _tiny_llama(**overrides):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -264,6 +282,21 @@ def test_fast_scorer_equals_naive_in_float32(risk, lm_fp32, packed_llama):
         assert scorer.stats.prefix_fallbacks == 0
     # The second template's prefix starts from the first one's rows (the chat header) on the packed path.
     assert (scorer.stats.prefix_tokens_reused > 0) == packed_llama
+
+
+@pytest.mark.e2e
+def test_padded_rows_give_the_same_scores_and_answers(risk, lm_fp32):
+    """A serving scorer pads each packed row to a few row counts (oneDNN builds a kernel per new count); the rows
+    no sequence reads must change nothing: float32, so any difference would be the padding's."""
+    from pipelines.engine.target import LabelScorer
+
+    task, splits = risk
+    texts = [e.text for e in splits.dev[:9]]
+    template = task.seed_template()
+    plain = LabelScorer(lm_fp32, ["yes", "no"], batch_size=4)
+    padded = LabelScorer(lm_fp32, ["yes", "no"], batch_size=4, pad_rows=True)
+    assert np.abs(plain.score(template, texts) - padded.score(template, texts)).max() < 1e-4
+    assert [a.text for a in plain.answer(template, texts[:4], 6)] == [a.text for a in padded.answer(template, texts[:4], 6)]
 
 
 @pytest.mark.e2e

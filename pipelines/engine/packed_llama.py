@@ -140,7 +140,9 @@ class PackedLlama:
             q_part = buffer[:, : H * D]
             kv_part = buffer[:, H * D:]
             # The last layer: attention (and then the MLP) for each sequence's last token only.
-            attn = x.new_empty(len(last), KV, G, D) if final else x.new_empty(N + 1, H * D)  # row N: padding
+            # row N: bucket padding; rows past the sequences (packing.n_pad) are zeros, read by no query
+            attn = (x.new_empty(len(last), KV, G, D) if final
+                    else x.new_zeros(N + 1, H * D) if packing.n_pad else x.new_empty(N + 1, H * D))
             done = 0
             for rows, kv_rows, mask, lengths in plan[1:] if final and n_head else plan:
                 S, width = kv_rows.shape

@@ -176,8 +176,12 @@ class LabelScorer:
         tokens_per_batch: int = 2048,
         cache_pairs: int = 200_000,
         packed_llama: bool = True,
+        pad_rows: bool = False,
     ):
         self.lm = lm
+        # Serving (the gateway, predict) meets new texts, so a new row count, on nearly every batch: padded to a
+        # few row counts (packing.padded_rows), oneDNN's bfloat16 kernels are built once instead of every time.
+        self.pad_rows = pad_rows
         self.verbalizers = list(verbalizers)
         self.label_ids = label_token_ids(lm.tokenizer, self.verbalizers)
         self.chat_template = chat_template
@@ -470,7 +474,8 @@ class LabelScorer:
                 rows.append(i)
                 total += len(suffixes[i])
             start += len(rows)
-            packing = Packing.build([suffixes[i] for i in rows], n_prefix - len(head), head=head)
+            packing = Packing.build([suffixes[i] for i in rows], n_prefix - len(head), head=head,
+                                    pad=self.pad_rows and self._packed is not None)
             if self._packed is not None:
                 kept: list | None = [] if answering is not None else None
                 picked, head_rows = self._packed.forward(packing, rows_known, keep=kept)  # (rows, d)

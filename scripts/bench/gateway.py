@@ -234,9 +234,13 @@ async def closed_loop(base: str, clients: int, seconds: float, keys: list[str]) 
 
         async def caller(i: int) -> None:
             rng = random.Random(i)
+            n = 0
             while time.monotonic() < end:
                 key = rng.choice(keys)
-                body = {"task": TASK, "inputs": {"text": rng.choice(TEXTS)}, "key": key}
+                n += 1
+                # Every text new: the target caches (template, text) pairs, and repeats would measure the cache.
+                body = {"task": TASK, "inputs": {"text": f"{rng.choice(TEXTS)} #{i * 100_000 + n}"},
+                        "key": key}
                 sent = time.monotonic()
                 try:
                     r = await client.post("/v1/predict", json=body)
