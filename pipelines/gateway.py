@@ -20,9 +20,10 @@ loop keeps taking requests (and filling the next batch) meanwhile, and one batch
 
 Deadlines: a request has ``deadline_ms`` (the task's, or a shorter one it asks for) from the moment its replica
 takes it. Reading the body, waiting in the batch queue and the model call all count. A request past it gets a 504
-with one line, and is taken out of the queue if its batch has not started, so an overloaded replica sheds load
-instead of answering everything late. Errors are one line of JSON, ``{"error": ..., "kind": ...}``; the statuses
-are listed in ``pipelines/gateway_requests.py``.
+with one line. When a batch starts, the calls it could not finish in time (``BatchCost``: what batches of each
+size took) are shed with a 504 before the model runs, so an overloaded replica spends its time on calls that can
+still be answered instead of answering everything late. Errors are one line of JSON, ``{"error": ..., "kind":
+...}``; the statuses are listed in ``pipelines/gateway_requests.py``.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from pipelines.config import ModelSource
-from pipelines.gateway_requests import CallBody, GatewayError, GatewaySettings, parse_call, status_of
+from pipelines.gateway_requests import BatchCost, CallBody, GatewayError, GatewaySettings, parse_call, status_of
 
 ROUTES = "POST /v1/predict, POST /v1/render, GET /v1/tasks/TASK, GET /healthz, GET /metrics"
 
@@ -129,6 +130,7 @@ class Gateway:
         self.reader = TemplateReader(store_url, refresh_s=self.settings.refresh_s)
         self.targets = _Targets(target, tasks)
         self.series = _Metrics(self.replica)
+        self.cost = BatchCost()
         self._warm_up()
         batched: Any = self._batched  # Serve's batch wrapper, typed as the method it wraps
         batched.set_max_batch_size(self.settings.max_batch_size)
@@ -149,7 +151,10 @@ class Gateway:
                 frame, _ = template.input_frame()
                 scorer = self.targets(task, template)
                 for n in sizes:
-                    scorer.score(frame, [f"warm-up message number {i} of {n}" for i in range(n)])
+                    for _ in range(2):  # the second pass of a size is what a warm replica takes
+                        started = time.monotonic()
+                        scorer.score(frame, [f"warm-up message {i} of {n} ({started})" for i in range(n)])
+                    self.cost.observe(n, time.monotonic() - started)
             except Exception:  # noqa: BLE001 - no production version yet, or a damaged one: its requests say so
                 pass
 
@@ -189,6 +194,8 @@ class Gateway:
         try:
             call = await self._read(request, started)
             limit_s = min(self.settings.deadline_s(call.task), (call.deadline_ms or 1e9) / 1000)
+            self.reader.render(call.task, call.inputs, label=call.label, key=call.key)  # a bad route or input is
+            # refused here, before it waits in the queue (predict_many checks again, against the state it reads)
             job = _Job(Call(call.task, call.inputs, call.label, call.key), started + limit_s)
             result = await asyncio.wait_for(self._batched(job), timeout=max(0.0, job.deadline - time.monotonic()))
         except (TimeoutError, asyncio.TimeoutError):
@@ -196,6 +203,9 @@ class Gateway:
                                   "operator for more replicas or a longer deadline for the task", "kind": "deadline"}
         except GatewayError as exc:
             return exc.status, {"error": exc.message, "kind": "refused"}
+        except Exception as exc:  # noqa: BLE001 - the route or the input refused before queueing: its status
+            status, kind = status_of(exc)
+            return status, {"error": _one_line(exc), "kind": kind}
         if isinstance(result, BaseException):
             status, kind = status_of(result)
             return status, {"error": _one_line(result), "kind": kind}
@@ -206,14 +216,16 @@ class Gateway:
 
     @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005)
     async def _batched(self, jobs: list[_Job]) -> list[Any]:
-        """One batch: the calls whose deadline has not passed go to the target together, on a worker thread."""
+        """One batch: the calls that can still be answered within their deadlines (``BatchCost.admit``; the others
+        are shed with a 504) go to the target together, on a worker thread."""
         self.series.batch.labels(self.replica).observe(len(jobs))
-        now = time.monotonic()
-        live = [i for i, job in enumerate(jobs) if job.deadline > now]
-        results: list[Any] = [TimeoutError("deadline passed in the queue")] * len(jobs)
-        if live:
-            done = await asyncio.to_thread(self.reader.predict_many, [jobs[i].call for i in live], self.targets)
-            for i, result in zip(live, done):
+        admitted = self.cost.admit([job.deadline for job in jobs], time.monotonic())
+        results: list[Any] = [TimeoutError("shed: it could not be answered within its deadline")] * len(jobs)
+        if admitted:
+            started = time.monotonic()
+            done = await asyncio.to_thread(self.reader.predict_many, [jobs[i].call for i in admitted], self.targets)
+            self.cost.observe(len(admitted), time.monotonic() - started)
+            for i, result in zip(admitted, done):
                 results[i] = result
         return results
 

@@ -213,24 +213,43 @@ class TemplateReader:
             self._refresh()
         version_id = self._label_ids.get((task, label))
         if version_id is None:
-            with self._lock:
-                version_id = self._store.label_target(task, label)
-                if version_id is None:
-                    raise RouteError(
-                        f"task {task!r} has no {label!r} template; its labels are "
-                        f"{sorted(self._store.labels(task)) or 'none'}: promote a version "
-                        f"(tune-prompts store promote {task} VERSION) or pick another label"
-                    )
-                self._label_ids[(task, label)] = version_id
+            version_id, _ = self._read_label(task, label)
+            if version_id is None:
+                raise RouteError(
+                    f"task {task!r} has no {label!r} template; its labels are "
+                    f"{sorted(self._store.labels(task)) or 'none'}: promote a version "
+                    f"(tune-prompts store promote {task} VERSION) or pick another label"
+                )
         return version_id
+
+    def _read_label(self, task: str, label: str) -> tuple[int | None, Canary | None]:
+        """A label (or the canary) read from the store into the cache, as of the moves the reader has applied.
+
+        Read alone, it could be newer than the cached labels (a promotion committed after the reader's last
+        check, not yet applied to the cached production): a caller would then get the canary of one state and the
+        production of another. So a read whose move the reader has not applied yet applies the moves first and
+        reads again; what is cached then belongs to the state the caches show."""
+        for _ in range(10):
+            if self._seen_seq is None:
+                self._refresh()
+            with self._lock:
+                version_id, canary, seq = self._store.label_state(task, label)
+                if seq <= (self._seen_seq or 0):
+                    if label == "canary":
+                        self._canaries[task] = canary or _NO_CANARY
+                    elif version_id is not None:
+                        self._label_ids[(task, label)] = version_id
+                    return version_id, canary
+            self._refresh()  # a move newer than the caches: apply it (and any before it), then read again
+        raise StoreError(f"the store's labels of {task!r} kept moving while this reader read them (10 tries): "
+                         "retry, or move labels less often than refresh_s")
 
     def _caller_version(self, task: str, key: str) -> tuple[int, bool]:
         if monotonic() >= self._next_check_s:
             self._refresh()
         canary = self._canaries.get(task)
         if canary is None:
-            with self._lock:
-                canary = self._canaries[task] = self._store.canary(task) or _NO_CANARY
+            canary = self._read_label(task, "canary")[1] or _NO_CANARY
         # The canary row carries its version id with its share, so the two always belong together.
         if canary.share and takes_canary(task, key, canary.share):
             return canary.version_id, True

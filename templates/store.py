@@ -240,6 +240,20 @@ class TemplateStore:
         rows = self._db.query(_CURRENT, (task, label))
         return rows[0][0] if rows else None
 
+    def label_state(self, task: str, label: str) -> tuple[int | None, Canary | None, int]:
+        """What ``label`` points at now, with the seq of the move that put it there (0: never moved): (version id
+        or None, the canary with its share and ramp for label ``canary`` or None, seq). A reader compares the seq
+        with the moves it has applied, so that what it reads here and what it has cached belong to one state."""
+        check_name(task, "task name")
+        check_name(label, "label")
+        rows = self._db.query(_CURRENT.replace("SELECT version_id, share, ramp", "SELECT version_id, share, ramp, seq"),
+                              (task, label))
+        if not rows:
+            return None, None, 0
+        row = rows[0]
+        canary = canary_from_row(task, row, self._path) if label == "canary" and row[0] is not None else None
+        return row[0], canary, row[3]
+
     def get_label(self, task: str, label: str) -> Version | None:
         version_id = self.label_target(task, label)
         return None if version_id is None else self.get_version(version_id)  # versions never change: no race
