@@ -13,7 +13,10 @@ route is FastAPI's ``{"detail": "Not Found"}``.
 ``latency_s`` (a network round trip: every request waits this long, concurrently with the others),
 ``stall_s`` (sleep before answering), ``fail_first`` (500 for the first N completion requests),
 ``rate_limit_first`` (429 for the first N), ``no_logprobs`` (answer text only, ``logprobs: null``),
-``no_choices`` (200 with an empty ``choices`` list), and ``mode``, one of ``FAULT_MODES``: a server that breaks
+``no_choices`` (200 with an empty ``choices`` list), two ways llama.cpp's server differs from vLLM
+(docs/endpoints.md, "llama.cpp's server"): ``any_model`` (a request for any model name gets this model's answer)
+and ``stop_step_dropped`` (the stop token's step is left out of the log-probs, so an answer that stops at once
+has an empty log-probs list), and ``mode``, one of ``FAULT_MODES``: a server that breaks
 on every completion request in one way (the models list still answers, so a client gets as far as scoring):
 
 * on the wire: ``stall`` (never answers), ``trickle`` (a good answer, one byte every ``trickle_s``), ``reset``
@@ -60,6 +63,8 @@ class Faults:
     rate_limit_first: int = 0  # answer the first N completion requests with 429
     no_logprobs: bool = False  # a server without log-probs: answer text only
     no_choices: bool = False  # a broken server: 200 with an empty "choices" list
+    any_model: bool = False  # like llama.cpp's server: answer a request for any model name with this model
+    stop_step_dropped: bool = False  # like llama.cpp's server: no log-probs entry for the stop token's step
     mode: str | None = None  # one of FAULT_MODES: every completion request breaks that way
     trickle_s: float = 0.2  # mode "trickle": seconds between bytes
     retry_after: str = "0"  # rate_limit_first and modes "rate_limit", "unavailable": the Retry-After header
@@ -210,7 +215,7 @@ class OpenAICompatServer:
             request = json.loads(body)
         except ValueError:
             return 400, _error("the body is not JSON", "BadRequestError", 400), {}
-        if request.get("model") != self.model_name:
+        if request.get("model") != self.model_name and not faults.any_model:
             return 404, _error(f"The model `{request.get('model')}` does not exist.", "NotFoundError", 404), {}
         chat = path.endswith("/chat/completions")
         if chat:
@@ -234,6 +239,8 @@ class OpenAICompatServer:
         text = "".join(token for token, _, _ in steps)
         limit = int(request.get("max_tokens") or 16)
         stopped = len(steps) < limit or (steps and steps[-1][0] == "")  # "": the end-of-sequence token
+        if faults.stop_step_dropped and stopped and steps and steps[-1][0] == "":
+            steps = steps[:-1]
         choice: dict = {"index": 0, "finish_reason": "stop" if stopped else "length"}
         if chat:
             choice["message"] = {"role": "assistant", "content": text}

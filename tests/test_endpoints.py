@@ -30,6 +30,8 @@ def rule(prompt: str) -> list[tuple[str, float]]:
         return [("Yes", -0.2), ("yes", -1.0), ("No", -2.5), ("no", -3.0), ("The", -4.0)]
     if "gibberish" in prompt:
         return [("The", -0.1), ("A", -2.0)]
+    if "(silence)" in prompt:  # the model's first token is its stop token ("")
+        return [("", -0.1), ("No", -2.6), ("Yes", -3.0)]
     return [("No", -0.3), ("no", -1.2), ("Yes", -2.0), ("The", -3.5)]
 
 
@@ -91,7 +93,8 @@ def test_500s_and_429s_are_retried_until_the_server_answers(server, fault):
     rows = s.score(TEMPLATE, [SCAM])
     assert log_odds(rows)[0] == pytest.approx(2.0, abs=1e-5)
     assert (s.stats.retries, s.stats.requests, s.stats.errors) == (2, 3, 0)
-    assert [status for _, status in server.log] == [500 if fault == "fail_first" else 429] * 2 + [200]
+    assert server.log[0] == ("/v1/models", 200)  # the model list, read once before the first request
+    assert [status for _, status in server.log[1:]] == [500 if fault == "fail_first" else 429] * 2 + [200]
 
 
 def test_retries_give_up_after_max_retries(server):
@@ -135,11 +138,45 @@ def test_unknown_route_names_the_url_and_the_fix(server):
 
 
 def test_unknown_model_names_the_models_served(server):
-    with pytest.raises(EndpointError, match=r"does not know model 'gpt-x'.*it serves \['scripted'\]"):
+    with pytest.raises(EndpointError, match=r"does not serve model 'gpt-x'; it serves \['scripted'\]"):
         scorer(server.base_url, model="gpt-x").score(TEMPLATE, [SCAM])
+    assert server.completion_requests == 0  # refused from the model list, before any request
     with pytest.raises(EndpointError, match=r"does not serve model 'gpt-x'; it serves \['scripted'\]"):
         scorer(server.base_url, model="gpt-x").check()
     assert scorer(server.base_url).check() == ["scripted"]
+
+
+def test_a_server_that_answers_any_model_name_is_refused_from_its_model_list(server):
+    # llama.cpp's server answers a request for a model it does not have with its own model, 200, the asked
+    # name echoed in "model": only GET /models tells. Asked once per scorer, before its first request.
+    server.faults.any_model = True
+    with pytest.raises(EndpointError, match=r"does not serve model 'gpt-x'; it serves \['scripted'\]"):
+        scorer(server.base_url, model="gpt-x").score(TEMPLATE, [SCAM])
+    with pytest.raises(EndpointError, match=r"does not serve model 'gpt-x'"):
+        scorer(server.base_url, model="gpt-x").answer(TEMPLATE, [SCAM], 3)
+    assert server.completion_requests == 0
+    seen = len(server.log)
+    s = scorer(server.base_url)
+    s.score(TEMPLATE, [SCAM, PLAIN])
+    s.answer(TEMPLATE, [SCAM], 3)
+    assert [path for path, _ in server.log[seen:]].count("/v1/models") == 1
+
+
+@pytest.mark.parametrize("chat", [True, False], ids=["chat", "completions"])
+def test_a_first_token_stop_with_empty_logprobs_is_a_uniform_row_not_answers_mode(server, chat):
+    # llama.cpp's server leaves the stop token's step out of the log-probs: a model that stops at once gets
+    # an empty list (chat: "content": []; completions: "tokens": []), no text, finish_reason "stop". That is not
+    # a server without log-probs (which switches the scorer to answers for good): no label was named.
+    server.faults.stop_step_dropped = True
+    s = scorer(server.base_url, chat=chat)
+    rows = s.score(TEMPLATE, ["(silence)", SCAM])
+    assert rows[0] == pytest.approx([math.log(0.5)] * 2)
+    assert log_odds(rows)[1] == pytest.approx(2.0, abs=1e-5)  # the next pair still reads its log-probs
+    assert s.stats.mode == "logprobs" and s.stats.labels_floored == 2 and s.stats.responses_invalid == 0
+    assert s.answer(TEMPLATE, ["(silence)"], 3)[0].text == ""
+    server.faults.stop_step_dropped = False  # vLLM's shape: the stop step is named, with its alternatives
+    vllm = scorer(server.base_url, chat=chat, match="word").score(TEMPLATE, ["(silence)"])
+    assert log_odds(vllm)[0] == pytest.approx(-3.0 - -2.6, abs=1e-5)
 
 
 def test_response_without_choices_is_an_error(server):
