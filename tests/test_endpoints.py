@@ -163,20 +163,33 @@ def test_a_server_that_answers_any_model_name_is_refused_from_its_model_list(ser
 
 
 @pytest.mark.parametrize("chat", [True, False], ids=["chat", "completions"])
-def test_a_first_token_stop_with_empty_logprobs_is_a_uniform_row_not_answers_mode(server, chat):
+def test_a_first_token_stop_with_empty_logprobs_is_asked_again_with_min_tokens(server, chat):
     # llama.cpp's server leaves the stop token's step out of the log-probs: a model that stops at once gets
     # an empty list (chat: "content": []; completions: "tokens": []), no text, finish_reason "stop". That is not
-    # a server without log-probs (which switches the scorer to answers for good): no label was named.
+    # a server without log-probs (which would switch the scorer to answers for good). Asked again with
+    # min_tokens 1, the server names that position's tokens: the labels' own log-probs, as vLLM gives at once.
     server.faults.stop_step_dropped = True
-    s = scorer(server.base_url, chat=chat)
+    s = scorer(server.base_url, chat=chat, match="word")
     rows = s.score(TEMPLATE, ["(silence)", SCAM])
-    assert rows[0] == pytest.approx([math.log(0.5)] * 2)
-    assert log_odds(rows)[1] == pytest.approx(2.0, abs=1e-5)  # the next pair still reads its log-probs
-    assert s.stats.mode == "logprobs" and s.stats.labels_floored == 2 and s.stats.responses_invalid == 0
-    assert s.answer(TEMPLATE, ["(silence)"], 3)[0].text == ""
+    assert log_odds(rows) == pytest.approx([-3.0 - -2.6, np.logaddexp(-0.2, -1.0) - np.logaddexp(-2.5, -3.0)], abs=1e-5)
+    assert s.stats.mode == "logprobs" and s.stats.labels_floored == 0 and s.stats.responses_invalid == 0
+    assert (s.stats.requests, server.completion_requests) == (3, 3)  # "(silence)" twice, the scam message once
+    assert s.answer(TEMPLATE, ["(silence)"], 3)[0].text == ""  # the answer itself is empty
     server.faults.stop_step_dropped = False  # vLLM's shape: the stop step is named, with its alternatives
-    vllm = scorer(server.base_url, chat=chat, match="word").score(TEMPLATE, ["(silence)"])
-    assert log_odds(vllm)[0] == pytest.approx(-3.0 - -2.6, abs=1e-5)
+    assert np.array_equal(scorer(server.base_url, chat=chat, match="word").score(TEMPLATE, ["(silence)"]), rows[:1])
+    assert server.completion_requests == 5  # asked once
+
+
+def test_a_server_that_refuses_min_tokens_gives_a_stopped_pair_a_uniform_row(server, caplog):
+    server.faults.stop_step_dropped = server.faults.min_tokens_refused = True
+    s = scorer(server.base_url, max_concurrency=1)
+    with caplog.at_level(logging.INFO, logger="pipelines.engine.endpoints"):
+        rows = s.score(TEMPLATE, ["(silence)", SCAM, "(silence) again"])
+    assert rows[0] == pytest.approx([math.log(0.5)] * 2) and rows[2] == pytest.approx([math.log(0.5)] * 2)
+    assert log_odds(rows)[1] == pytest.approx(2.0, abs=1e-5)  # the other pairs still read their log-probs
+    assert s.stats.mode == "logprobs" and s.stats.labels_floored == 4 and s.stats.errors == 0
+    assert server.completion_requests == 4  # min_tokens refused once, then not sent again
+    assert sum("refused min_tokens" in r.message for r in caplog.records) == 1
 
 
 def test_response_without_choices_is_an_error(server):

@@ -27,12 +27,18 @@ log-prob is read from those entries, by ``match``:
 
 A label with no matching entry was less likely than every returned token: it gets the smallest returned
 log-prob minus ln 2 ("at most half as likely as the least likely token the server named"), and counts in
-``stats.labels_floored``. When the model's first token is its stop token, llama.cpp's server names no tokens
-at all (empty log-probs, ``finish_reason: stop``, no text): every label is floored, the row is uniform. Watch that count: SmolLM2-135M-Instruct starts its answers with ``No``/``Yes``, and with
+``stats.labels_floored``. Watch that count: SmolLM2-135M-Instruct starts its answers with ``No``/``Yes``, and with
 the risk seed template lowercase ``yes`` or ``no`` fell outside the top 20 for 12 of 24 dev messages; on those
 rows the endpoint's log-odds differ from ``LabelScorer``'s (by up to 0.6). Where nothing is floored, a server
 running the same model in float32 gives ``LabelScorer``'s numbers to about 2e-5 (tests/test_endpoints.py).
 Verbalizers should be single tokens (``yes``/``no`` are, in common tokenizers): an endpoint names tokens, not words.
+
+When the model's first token is its stop token, llama.cpp's server names no tokens at all (empty log-probs,
+``finish_reason: stop``, no text), where vLLM names the stop step and its alternatives. That pair is asked once
+more with ``min_tokens: 1``: llama.cpp then bars the stop token from that one token and returns the position's
+raw log-probs, the stop token's own among them (vLLM knows the parameter too, but never needs it here). A server
+that refuses the parameter (400 or 422) is not asked with it again, and such a pair's labels are all floored: a
+uniform row.
 
 ``answers`` -- when the server returns no log-probs (or rejects the parameter): ``max_tokens=3,
 temperature=0`` and the answer's first word picks the label whose verbalizer it is (case-insensitive; a
@@ -169,6 +175,10 @@ class _NoLogprobs(Exception):
     """The server does not give log-probs: switch to answers mode."""
 
 
+class _MinTokensRefused(Exception):
+    """The server refused ``min_tokens`` (OpenAI's API has no such parameter)."""
+
+
 def _count(value) -> int:
     """A token count from a server's ``usage`` (0 when it sends none or nonsense)."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
@@ -283,6 +293,7 @@ class EndpointLabelScorer:
         self.route = "/chat/completions" if chat else "/completions"
         self._breaker = _Breaker(self.base_url, breaker_failures, deadline_s)
         self._model_listed = False  # GET /models listed self.model (checked before the first request)
+        self._min_tokens_refused = False  # the server refused min_tokens once: not sent again
         self._model_lock = threading.Lock()
         self._cache = PairCache(cache_pairs)
         self._answers = AnswerCache()
@@ -460,7 +471,15 @@ class EndpointLabelScorer:
     def _score_one(self, prompt: str) -> np.ndarray:
         if self.stats.mode != "answers":
             try:
-                top = self._top_logprobs(self._post(self._payload(prompt, logprobs=True)))
+                payload = self._payload(prompt, logprobs=True)
+                top = self._top_logprobs(self._post(payload))
+                if not top and not self._min_tokens_refused:  # stopped at once and named nothing (llama.cpp)
+                    try:
+                        top = self._top_logprobs(self._post({**payload, "min_tokens": 1}))
+                    except _MinTokensRefused as exc:
+                        self._min_tokens_refused = True
+                        logger.info("%s refused min_tokens (%s): a pair whose answer stops at once is a uniform "
+                                    "row", self.base_url, exc)
                 with self._lock:
                     self.stats.mode = self.stats.mode or "logprobs"
                 return self._row_from_logprobs(top)
@@ -484,7 +503,7 @@ class EndpointLabelScorer:
         return payload
 
     def _row_from_logprobs(self, top: list[tuple[str, float]]) -> np.ndarray:
-        if not top:  # the model stopped at once and the server named no token: every label floored, alike
+        if not top:  # the model stopped at once and the server named no token, twice: every label floored, alike
             with self._lock:
                 self.stats.labels_floored += len(self.verbalizers)
             n = len(self.verbalizers)
@@ -637,6 +656,8 @@ class EndpointLabelScorer:
         """A non-retryable HTTP status as the error that says what to fix (or _NoLogprobs)."""
         if code in (400, 422) and "logprob" in detail.lower() and ("logprobs" in payload or "top_logprobs" in payload):
             return _NoLogprobs(f"the server rejected log-probs: {detail}")
+        if code in (400, 422) and "min_tokens" in payload:  # the same request without it was answered
+            return _MinTokensRefused(detail)
         if code in (401, 403):
             key_state = "is set" if self._api_key else "is not set"
             return EndpointError(f"POST {url} returned {code} ({detail}): the server refused the API key; ${self.api_key_env} {key_state}")
