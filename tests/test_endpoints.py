@@ -30,6 +30,8 @@ def rule(prompt: str) -> list[tuple[str, float]]:
         return [("Yes", -0.2), ("yes", -1.0), ("No", -2.5), ("no", -3.0), ("The", -4.0)]
     if "gibberish" in prompt:
         return [("The", -0.1), ("A", -2.0)]
+    if "(silence)" in prompt:  # the model's first token is its stop token ("")
+        return [("", -0.1), ("No", -2.6), ("Yes", -3.0)]
     return [("No", -0.3), ("no", -1.2), ("Yes", -2.0), ("The", -3.5)]
 
 
@@ -91,7 +93,8 @@ def test_500s_and_429s_are_retried_until_the_server_answers(server, fault):
     rows = s.score(TEMPLATE, [SCAM])
     assert log_odds(rows)[0] == pytest.approx(2.0, abs=1e-5)
     assert (s.stats.retries, s.stats.requests, s.stats.errors) == (2, 3, 0)
-    assert [status for _, status in server.log] == [500 if fault == "fail_first" else 429] * 2 + [200]
+    assert server.log[0] == ("/v1/models", 200)  # the model list, read once before the first request
+    assert [status for _, status in server.log[1:]] == [500 if fault == "fail_first" else 429] * 2 + [200]
 
 
 def test_retries_give_up_after_max_retries(server):
@@ -135,11 +138,58 @@ def test_unknown_route_names_the_url_and_the_fix(server):
 
 
 def test_unknown_model_names_the_models_served(server):
-    with pytest.raises(EndpointError, match=r"does not know model 'gpt-x'.*it serves \['scripted'\]"):
+    with pytest.raises(EndpointError, match=r"does not serve model 'gpt-x'; it serves \['scripted'\]"):
         scorer(server.base_url, model="gpt-x").score(TEMPLATE, [SCAM])
+    assert server.completion_requests == 0  # refused from the model list, before any request
     with pytest.raises(EndpointError, match=r"does not serve model 'gpt-x'; it serves \['scripted'\]"):
         scorer(server.base_url, model="gpt-x").check()
     assert scorer(server.base_url).check() == ["scripted"]
+
+
+def test_a_server_that_answers_any_model_name_is_refused_from_its_model_list(server):
+    # llama.cpp's server answers a request for a model it does not have with its own model, 200, the asked
+    # name echoed in "model": only GET /models tells. Asked once per scorer, before its first request.
+    server.faults.any_model = True
+    with pytest.raises(EndpointError, match=r"does not serve model 'gpt-x'; it serves \['scripted'\]"):
+        scorer(server.base_url, model="gpt-x").score(TEMPLATE, [SCAM])
+    with pytest.raises(EndpointError, match=r"does not serve model 'gpt-x'"):
+        scorer(server.base_url, model="gpt-x").answer(TEMPLATE, [SCAM], 3)
+    assert server.completion_requests == 0
+    seen = len(server.log)
+    s = scorer(server.base_url)
+    s.score(TEMPLATE, [SCAM, PLAIN])
+    s.answer(TEMPLATE, [SCAM], 3)
+    assert [path for path, _ in server.log[seen:]].count("/v1/models") == 1
+
+
+@pytest.mark.parametrize("chat", [True, False], ids=["chat", "completions"])
+def test_a_first_token_stop_with_empty_logprobs_is_asked_again_with_min_tokens(server, chat):
+    # llama.cpp's server leaves the stop token's step out of the log-probs: a model that stops at once gets
+    # an empty list (chat: "content": []; completions: "tokens": []), no text, finish_reason "stop". That is not
+    # a server without log-probs (which would switch the scorer to answers for good). Asked again with
+    # min_tokens 1, the server names that position's tokens: the labels' own log-probs, as vLLM gives at once.
+    server.faults.stop_step_dropped = True
+    s = scorer(server.base_url, chat=chat, match="word")
+    rows = s.score(TEMPLATE, ["(silence)", SCAM])
+    assert log_odds(rows) == pytest.approx([-3.0 - -2.6, np.logaddexp(-0.2, -1.0) - np.logaddexp(-2.5, -3.0)], abs=1e-5)
+    assert s.stats.mode == "logprobs" and s.stats.labels_floored == 0 and s.stats.responses_invalid == 0
+    assert (s.stats.requests, server.completion_requests) == (3, 3)  # "(silence)" twice, the scam message once
+    assert s.answer(TEMPLATE, ["(silence)"], 3)[0].text == ""  # the answer itself is empty
+    server.faults.stop_step_dropped = False  # vLLM's shape: the stop step is named, with its alternatives
+    assert np.array_equal(scorer(server.base_url, chat=chat, match="word").score(TEMPLATE, ["(silence)"]), rows[:1])
+    assert server.completion_requests == 5  # asked once
+
+
+def test_a_server_that_refuses_min_tokens_gives_a_stopped_pair_a_uniform_row(server, caplog):
+    server.faults.stop_step_dropped = server.faults.min_tokens_refused = True
+    s = scorer(server.base_url, max_concurrency=1)
+    with caplog.at_level(logging.INFO, logger="pipelines.engine.endpoints"):
+        rows = s.score(TEMPLATE, ["(silence)", SCAM, "(silence) again"])
+    assert rows[0] == pytest.approx([math.log(0.5)] * 2) and rows[2] == pytest.approx([math.log(0.5)] * 2)
+    assert log_odds(rows)[1] == pytest.approx(2.0, abs=1e-5)  # the other pairs still read their log-probs
+    assert s.stats.mode == "logprobs" and s.stats.labels_floored == 4 and s.stats.errors == 0
+    assert server.completion_requests == 4  # min_tokens refused once, then not sent again
+    assert sum("refused min_tokens" in r.message for r in caplog.records) == 1
 
 
 def test_response_without_choices_is_an_error(server):

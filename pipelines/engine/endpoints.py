@@ -33,6 +33,13 @@ rows the endpoint's log-odds differ from ``LabelScorer``'s (by up to 0.6). Where
 running the same model in float32 gives ``LabelScorer``'s numbers to about 2e-5 (tests/test_endpoints.py).
 Verbalizers should be single tokens (``yes``/``no`` are, in common tokenizers): an endpoint names tokens, not words.
 
+When the model's first token is its stop token, llama.cpp's server names no tokens at all (empty log-probs,
+``finish_reason: stop``, no text), where vLLM names the stop step and its alternatives. That pair is asked once
+more with ``min_tokens: 1``: llama.cpp then bars the stop token from that one token and returns the position's
+raw log-probs, the stop token's own among them (vLLM knows the parameter too, but never needs it here). A server
+that refuses the parameter (400 or 422) is not asked with it again, and such a pair's labels are all floored: a
+uniform row.
+
 ``answers`` -- when the server returns no log-probs (or rejects the parameter): ``max_tokens=3,
 temperature=0`` and the answer's first word picks the label whose verbalizer it is (case-insensitive; a
 word that begins exactly one verbalizer also counts, for answers cut short). That label gets log(1 - 1e-3),
@@ -50,7 +57,9 @@ Failures, all in bounded time (``pipelines/engine/http_deadline.py`` does the so
 * after ``breaker_failures`` failed tries in a row (any request of this scorer), the circuit opens: every
   request fails at once, for ``deadline_s``, with one line naming the server and what to check;
 * anything else (404 on the route, a model the server does not serve, a refused key) raises ``EndpointError``
-  at once, naming the URL and what is missing.
+  at once, naming the URL and what is missing. Before its first request a scorer reads ``GET /models`` once
+  and refuses a model the list leaves out: llama.cpp's server answers a request for any model name with its
+  own model.
 
 A response that arrives but breaks the API's contract (not JSON, another content type, a field of the wrong
 type, no choices, a NaN or infinite log-prob, a body over ``max_response_bytes``) is an
@@ -166,6 +175,10 @@ class _NoLogprobs(Exception):
     """The server does not give log-probs: switch to answers mode."""
 
 
+class _MinTokensRefused(Exception):
+    """The server refused ``min_tokens`` (OpenAI's API has no such parameter)."""
+
+
 def _count(value) -> int:
     """A token count from a server's ``usage`` (0 when it sends none or nonsense)."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
@@ -279,6 +292,9 @@ class EndpointLabelScorer:
         self.max_response_bytes = max_response_bytes
         self.route = "/chat/completions" if chat else "/completions"
         self._breaker = _Breaker(self.base_url, breaker_failures, deadline_s)
+        self._model_listed = False  # GET /models listed self.model (checked before the first request)
+        self._min_tokens_refused = False  # the server refused min_tokens once: not sent again
+        self._model_lock = threading.Lock()
         self._cache = PairCache(cache_pairs)
         self._answers = AnswerCache()
         self._lock = threading.Lock()  # guards stats and mode, written from worker threads
@@ -381,8 +397,27 @@ class EndpointLabelScorer:
 
     def check(self) -> list[str]:
         """``check_served_model`` for this scorer's server and model."""
-        return check_served_model(self.base_url, self.model, api_key_env=self.api_key_env,
-                                  timeout_s=min(self.timeout_s, self.deadline_s), max_bytes=self.max_response_bytes)
+        served = check_served_model(self.base_url, self.model, api_key_env=self.api_key_env,
+                                    timeout_s=min(self.timeout_s, self.deadline_s), max_bytes=self.max_response_bytes)
+        self._model_listed = True
+        return served
+
+    def _check_model_listed(self) -> None:
+        """Before the first request: a server whose ``GET /models`` lists other models does not serve this one, even
+        if it answers (llama.cpp's server answers any model name with the model it has). A server that gives no
+        list is not refused here: the request itself then says what is wrong (route, key, connection)."""
+        if self._model_listed:
+            return
+        with self._model_lock:  # one GET, however many threads start at once
+            if self._model_listed:
+                return
+            served, _ = _served_models(self.base_url, self._api_key, min(self.timeout_s, self.deadline_s),
+                                       self.max_response_bytes)
+            if served is None:
+                return
+            if self.model not in served:
+                raise EndpointError(f"{self.base_url} does not serve model {self.model!r}; it serves {served}")
+            self._model_listed = True
 
     def request_latency_ms(self, template: Template, texts: Sequence[str], n: int = 12) -> dict[str, float]:
         """What a service sees: one request at a time, no cache. p50 and p95 in milliseconds over the requests
@@ -436,7 +471,15 @@ class EndpointLabelScorer:
     def _score_one(self, prompt: str) -> np.ndarray:
         if self.stats.mode != "answers":
             try:
-                top = self._top_logprobs(self._post(self._payload(prompt, logprobs=True)))
+                payload = self._payload(prompt, logprobs=True)
+                top = self._top_logprobs(self._post(payload))
+                if not top and not self._min_tokens_refused:  # stopped at once and named nothing (llama.cpp)
+                    try:
+                        top = self._top_logprobs(self._post({**payload, "min_tokens": 1}))
+                    except _MinTokensRefused as exc:
+                        self._min_tokens_refused = True
+                        logger.info("%s refused min_tokens (%s): a pair whose answer stops at once is a uniform "
+                                    "row", self.base_url, exc)
                 with self._lock:
                     self.stats.mode = self.stats.mode or "logprobs"
                 return self._row_from_logprobs(top)
@@ -460,6 +503,11 @@ class EndpointLabelScorer:
         return payload
 
     def _row_from_logprobs(self, top: list[tuple[str, float]]) -> np.ndarray:
+        if not top:  # the model stopped at once and the server named no token, twice: every label floored, alike
+            with self._lock:
+                self.stats.labels_floored += len(self.verbalizers)
+            n = len(self.verbalizers)
+            return np.full(n, -math.log(n), dtype=np.float32)
         floor = min(lp for _, lp in top) - FLOOR_MARGIN
         values, floored = [], 0
         for word in self.verbalizers:
@@ -509,6 +557,8 @@ class EndpointLabelScorer:
     def _top_logprobs(self, data) -> list[tuple[str, float]]:
         """(token text, log-prob) of the first generated position: the chosen token and its alternatives."""
         choice = self._parse(data).choices[0]
+        if _stopped_at_once(choice, self.chat):
+            return []
         entries: list[tuple[str, float | None]] = []
         if self.chat:
             first = choice.logprobs.content[0] if choice.logprobs and choice.logprobs.content else None
@@ -539,6 +589,7 @@ class EndpointLabelScorer:
     # --- HTTP ---------------------------------------------------------------------------------------
     def _post(self, payload: dict) -> dict:
         """One request: tries, backoffs and waits all inside ``deadline_s``; each try inside ``timeout_s``."""
+        self._check_model_listed()
         url = self.base_url + self.route
         body = json.dumps(payload).encode()
         started = time.monotonic()
@@ -605,6 +656,8 @@ class EndpointLabelScorer:
         """A non-retryable HTTP status as the error that says what to fix (or _NoLogprobs)."""
         if code in (400, 422) and "logprob" in detail.lower() and ("logprobs" in payload or "top_logprobs" in payload):
             return _NoLogprobs(f"the server rejected log-probs: {detail}")
+        if code in (400, 422) and "min_tokens" in payload:  # the same request without it was answered
+            return _MinTokensRefused(detail)
         if code in (401, 403):
             key_state = "is set" if self._api_key else "is not set"
             return EndpointError(f"POST {url} returned {code} ({detail}): the server refused the API key; ${self.api_key_env} {key_state}")
@@ -625,6 +678,17 @@ class EndpointLabelScorer:
         if 200 <= code < 300:
             return EndpointResponseError(f"POST {url} returned {code}, not 200 with an answer")
         return EndpointError(f"POST {url} returned {code}: {detail}")
+
+
+def _stopped_at_once(choice: api.ChatChoice | api.CompletionChoice, chat: bool) -> bool:
+    """The model's first token was its stop token, and the server (llama.cpp's) left that step out of the
+    log-probs: an empty log-probs list, no text, ``finish_reason: stop``. vLLM and the test server name the stop
+    step (text "") with its alternatives instead. Not a server without log-probs: that sends ``logprobs: null``."""
+    if choice.finish_reason != "stop" or choice.logprobs is None:
+        return False
+    if isinstance(choice, api.ChatChoice):
+        return chat and choice.logprobs.content == [] and not (choice.message and choice.message.content)
+    return not chat and choice.logprobs.tokens == [] and not choice.text
 
 
 def _check_address(base_url: str, model: str) -> None:
