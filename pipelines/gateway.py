@@ -39,7 +39,7 @@ from ray import serve
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from pipelines.config import ModelSource
+from pipelines.config import ConfigError, ModelSource
 from pipelines.gateway_requests import BatchCost, CallBody, GatewayError, GatewaySettings, parse_call, status_of
 
 ROUTES = "POST /v1/predict, POST /v1/render, GET /v1/tasks/TASK, GET /healthz, GET /metrics"
@@ -308,12 +308,22 @@ def start(store_url: str, target: ModelSource, tasks: dict[str, ServedTask], set
     from pipelines.ray_scoring import init_ray
 
     init_ray(ray_address)
-    serve.start(http_options={"host": host, "port": port}, logging_config={"log_level": "WARNING"})
-    # @serve.deployment made the class a Deployment, which mypy does not know
-    deployment = Gateway.options(num_replicas=settings.replicas,  # type: ignore[attr-defined]
-                                 ray_actor_options={"num_cpus": 0})
-    serve.run(deployment.bind(store_url, target, tasks, settings.model_dump()), name=APP_NAME, route_prefix="/",
-              logging_config={"log_level": "WARNING"})
+    try:
+        serve.start(http_options={"host": host, "port": port}, logging_config={"log_level": "WARNING"})
+        # @serve.deployment made the class a Deployment, which mypy does not know
+        deployment = Gateway.options(num_replicas=settings.replicas,  # type: ignore[attr-defined]
+                                     ray_actor_options={"num_cpus": 0})
+        serve.run(deployment.bind(store_url, target, tasks, settings.model_dump()), name=APP_NAME, route_prefix="/",
+                  logging_config={"log_level": "WARNING"})
+    except Exception as exc:  # noqa: BLE001 - Serve's errors arrive wrapped in RayTaskErrors, tracebacks and all
+        serve.shutdown()
+        text = str(exc)
+        if "bind" in text:
+            raise ConfigError(f"the gateway cannot listen on {host}:{port}: the port is taken; pick another with "
+                              "--port") from None
+        last = next((line.strip() for line in reversed(text.splitlines()) if line.strip()), type(exc).__name__)
+        raise ConfigError(f"the gateway's replicas did not start: {last[:300]}; Ray's logs are in "
+                          "/tmp/ray/session_latest/logs/serve") from None
     return f"http://{host}:{port}"
 
 

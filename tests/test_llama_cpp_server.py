@@ -3,6 +3,8 @@ OpenAI-compatible server (llama-cpp-python[server] 0.3.36) serving the Q4_1 GGUF
 the same file the embedded model is dequantized from. No stand-ins: `llama_server` (tests/conftest.py) runs the
 real server in its own process.
 
+The gateway (`tune-prompts serve --target-url`) is checked against it too.
+
 Run it with `bash scripts/setup_llama_cpp.sh && bash scripts/test.sh -m llama_cpp`. What differed from the
 project's own test server, and what the client does about it, is in docs/endpoints.md ("llama.cpp's server").
 """
@@ -195,3 +197,48 @@ def test_errors_are_one_line_endpoint_errors(llama_server, small_task, capsys):
     root = llama_server.base_url.removesuffix("/v1")
     with pytest.raises(EndpointError, match=r"returned 404 \(Not Found\).*ends in /v1"):
         EndpointLabelScorer(root, llama_server.model, ["yes", "no"]).score(Template("{text}", ("text",)), ["hi"])
+
+
+def test_the_gateway_serves_through_llama_cpp_as_the_library_does(llama_server, risk, tmp_path):
+    """`tune-prompts serve --target-url`: the gateway's target is llama.cpp's server; its predict equals
+    TemplateReader.predict through the same server, and a bad request is still a one-line 4xx."""
+    import ray
+
+    from bench.gateway import free_port, judge_hostile, send_raw
+    from pipelines import gateway
+    from pipelines.config import Endpoint
+    from pipelines.gateway_requests import GatewaySettings
+    from pipelines.scoring import label_scorer
+    from templates.decision import DecisionRule
+    from templates.serving import TemplateReader
+    from templates.store import TemplateStore
+
+    task, texts, verbalizers = risk
+    seed = task.seed_template()
+    rule = DecisionRule("calibrated", ("high_risk", "low_risk"), tuple(verbalizers), "high_risk", 0.0)
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    with TemplateStore(url) as store:
+        store.promote("risk", store.add_version("risk", Template(seed.text, seed.variables, seed.constraints,
+                                                                 decision=rule)).id, force=True)
+    endpoint = Endpoint(llama_server.base_url, llama_server.model)
+    port = free_port()
+    gateway.start(url, endpoint, {"risk": gateway.ServedTask("risk", task.template.chat_template,
+                                                             task.scoring.batch_size)},
+                  GatewaySettings(deadline_ms=30_000), port=port)
+    reader = TemplateReader(url, watch=False)
+    try:
+        target = label_scorer(endpoint, verbalizers, chat_template=task.template.chat_template)
+        for text in texts[:3] + texts[-3:]:
+            status, body = send_raw("127.0.0.1", port, "POST", "/v1/predict", {},
+                                    json.dumps({"task": "risk", "inputs": {"text": text}}).encode(), timeout_s=60)
+            assert status == 200, body
+            got = json.loads(body)
+            want = reader.predict("risk", {"text": text}, target)
+            assert (got["label"], got["version"]) == (want.label, want.version_id)
+            assert got["logprobs"] == pytest.approx(want.logprobs, abs=1e-3)
+        status, body = send_raw("127.0.0.1", port, "POST", "/v1/predict", {}, b'{"task": "risk", "inputs": {}}')
+        assert judge_hostile(status, body) is None
+    finally:
+        reader.close()
+        gateway.stop()
+        ray.shutdown()

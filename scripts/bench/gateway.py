@@ -296,7 +296,7 @@ def seed_store(url: str) -> None:
 def run_gateway(store_url: str, replicas: int, batching: bool, levels: list[int], seconds: float, step_s: float,
                 port: int, hostile: bool) -> dict:
     from pipelines import gateway
-    from pipelines.config import load_task
+    from pipelines.config import ConfigError, load_task
     from pipelines.engine.models import EMBEDDED
     from pipelines.gateway_requests import GatewaySettings
     from templates.store import TemplateStore
@@ -304,8 +304,15 @@ def run_gateway(store_url: str, replicas: int, batching: bool, levels: list[int]
     task = load_task(TASK)
     settings = GatewaySettings(replicas=replicas, max_batch_size=32 if batching else 1)
     started = time.monotonic()
-    base = gateway.start(store_url, EMBEDDED, {TASK: gateway.ServedTask(TASK, task.template.chat_template,
-                                                                        task.scoring.batch_size)}, settings, port=port)
+    served = {TASK: gateway.ServedTask(TASK, task.template.chat_template, task.scoring.batch_size)}
+    for attempt in range(3):  # a free port can be taken again (by Ray's own workers) before the proxy binds it
+        try:
+            base = gateway.start(store_url, EMBEDDED, served, settings, port=port)
+            break
+        except ConfigError as exc:
+            if "port is taken" not in str(exc) or attempt == 2:
+                raise
+            port = free_port()
     result: dict = {"replicas": replicas, "batching": batching, "start_s": round(time.monotonic() - started, 1),
                     "levels": {}}
     keys = [f"user-{i}" for i in range(500)]
@@ -347,7 +354,7 @@ def run_gateway(store_url: str, replicas: int, batching: bool, levels: list[int]
         result["damaged_rows"] = len(damaged)
         result["torn_reads"] = torn
         if hostile:
-            result["hostile"] = hostile_under_load(base, port, keys)
+            result["hostile"] = hostile_under_load(base, int(base.rsplit(":", 1)[1]), keys)
     finally:
         gateway.stop()
     return result
