@@ -8,7 +8,7 @@ import sys
 import threading
 
 from pipelines import cli_store
-from pipelines.cli_flags import add_model_flags, model_sources, setting
+from pipelines.cli_flags import add_model_flags, model_sources, number, setting
 from pipelines.config import ConfigError
 from pipelines.gateway_requests import GatewaySettings
 from pipelines.task_files import builtin_tasks, load_task
@@ -92,7 +92,7 @@ def register_serve(sub: argparse._SubParsersAction) -> None:
                    "several")
     cli_store.add_store_flag(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on; the default, 127.0.0.1, is this machine only")
-    p.add_argument("--port", type=int, default=8000, help="port to listen on (default %(default)s)")
+    p.add_argument("--port", type=number(int, 1, 65535), default=8000, help="port to listen on (default %(default)s)")
     p.add_argument("--replicas", type=setting(GatewaySettings, "replicas"), default=defaults.replicas,
                    help="gateway replicas, each with its own copy of the target (default %(default)s)")
     p.add_argument("--max-batch-size", type=setting(GatewaySettings, "max_batch_size"),
@@ -105,6 +105,7 @@ def register_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--task-deadline", action="append", metavar="TASK=MS",
                    help="a deadline for one task instead of --deadline-ms, e.g. risk=500; repeat for several")
     p.add_argument("--ray-address", help="a Ray cluster to deploy on (e.g. ray://HEAD:10001); default: a local Ray")
-    p.add_argument("--for-seconds", type=float, default=None, help=argparse.SUPPRESS)  # tests: stop after N s
+    p.add_argument("--for-seconds", type=number(float, 0, 10**7, above=True), default=None,
+                   help=argparse.SUPPRESS)  # tests: stop after N s
     add_model_flags(p, command=True)
     p.set_defaults(func=cmd_serve)

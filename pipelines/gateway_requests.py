@@ -28,6 +28,7 @@ MAX_INPUTS = 16
 # C0 controls but tab, newline and carriage return, and DEL: no case text needs them, and a NUL byte in a prompt
 # is either a bug in the caller or an attack on whatever reads the prompt next.
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+_CONTROL_OR_BREAK = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]")
 
 
 class GatewayError(Exception):
@@ -152,7 +153,8 @@ def validation_line(exc: ValidationError) -> str:
     where = ".".join(str(part) for part in first["loc"][:4])[:80] or "body"
     message = str(first["msg"]).removeprefix("Value error, ")[:160]
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return f"{where}: {message}{more}"
+    # A field name is the client's text: a newline or an escape in it must not break the line or reach a terminal.
+    return _CONTROL_OR_BREAK.sub(lambda m: m.group().encode("unicode_escape").decode(), f"{where}: {message}{more}")
 
 
 def status_of(exc: BaseException) -> tuple[int, str]:

@@ -171,7 +171,7 @@ class TemplateReader:
         for version_id, members in groups.items():
             template = self._template(version_id)
             try:
-                scorer = target if hasattr(target, "score") else target(calls[members[0][0]].task, template)
+                scorer = target(calls[members[0][0]].task, template) if _is_target_for(target) else target
                 decided: list[Prediction | Exception] = list(_decide(template, version_id, [t for _, _, t in members],
                                                                      scorer))
             except Exception as exc:  # noqa: BLE001 - the model failed: every call of the group gets the error
@@ -305,6 +305,12 @@ def _watch(ref: "weakref.ref[TemplateReader]", stop: threading.Event, refresh_s:
         except Exception:  # noqa: BLE001 - a failed check leaves the reader late, so its lookups check by
             pass  # themselves and raise the error (a locked or unreachable store, a damaged row) to the caller
         del reader
+
+
+def _is_target_for(target) -> bool:
+    """Whether ``predict_many``'s ``target`` is a function ``(task, template) -> scorer`` rather than a scorer (which
+    has ``score``, or for generation tasks only ``answer``)."""
+    return callable(target) and not hasattr(target, "score") and not hasattr(target, "answer")
 
 
 def _decide(template: Template, version_id: int, texts: list[str], target) -> list[Prediction | Exception]:

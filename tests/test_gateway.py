@@ -46,6 +46,12 @@ def test_each_malformed_body_is_a_4xx_with_one_line(kind, name, method, path, he
     assert 400 <= caught.value.status < 500 and "\n" not in caught.value.message and len(caught.value.message) < 300
 
 
+def test_a_field_name_with_a_newline_stays_on_one_line():  # found by the property test below
+    with pytest.raises(GatewayError) as caught:
+        parse_call(b'{"task": "risk", "inputs": {"\\n\\u001b[2J": null}}', LIMIT)
+    assert caught.value.status == 422 and "\n" not in caught.value.message and "\x1b" not in caught.value.message
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.one_of(st.binary(max_size=300), st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
