@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
 import sys
 import threading
@@ -48,6 +49,7 @@ def cmd_serve(args) -> int:
                          f"(tune-prompts --task {missing[0]} --store {store_url}) or serve the tasks it holds "
                          f"({sorted(stored) or 'none'})")
     target, _ = model_sources(args)
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)  # Serve's own start-up lines; ours say the same
     print(f"[serve] starting {settings.replicas} replica(s) of the gateway for {sorted(tasks)} (store {store_url}); "
           "each replica loads the target", file=sys.stderr, flush=True)
     url = gateway.start(store_url, target, tasks, settings, host=args.host, port=args.port,
