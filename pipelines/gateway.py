@@ -234,7 +234,7 @@ class Gateway:
         try:
             call = await self._read(request, started)
             version_id, arm = self.reader.route(call.task, call.label, call.key)
-            prompt = self.reader.render(call.task, call.inputs, label=call.label, key=call.key)
+            prompt = self.reader.version(version_id).render(call.inputs)  # the version routed, whatever moves since
             code, body = 200, {"prompt": prompt, "version": version_id, "arm": arm, "replica": self.replica}
         except GatewayError as exc:
             code, body = exc.status, {"error": exc.message, "kind": "refused"}

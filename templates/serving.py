@@ -120,6 +120,10 @@ class TemplateReader:
         """The production or canary template for this caller, by sticky routing on ``key``."""
         return self._template(self._caller_version(task, key)[0])
 
+    def version(self, version_id: int) -> Template:
+        """The template of one version (what ``route`` named), compiled once for the reader's lifetime."""
+        return self._template(version_id)
+
     def render(self, task: str, values: Mapping[str, Any], *, label: str | None = None, key: str | None = None) -> str:
         """Render the template for a label (default production) or, given ``key``, for that caller."""
         return self._template(self.route(task, label, key)[0]).render(values)

@@ -204,6 +204,11 @@ def test_the_gateway_predicts_what_the_library_predicts(served):
             assert (got["label"], got["version"], got["arm"]) == (want.label, want.version_id, want.arm)
             # the same model and code; the replicas run fewer torch threads, so sums may round differently
             assert got["logprobs"] == pytest.approx(want.logprobs, abs=0.05)
+            status, answer = send_raw("127.0.0.1", served["port"], "POST", "/v1/render", {}, json.dumps(
+                {"task": "risk", "inputs": {"text": text}, "key": f"caller-{i}"}).encode())
+            rendered = json.loads(answer)
+            assert status == 200 and (rendered["version"], rendered["arm"]) == (want.version_id, want.arm)
+            assert rendered["prompt"] == reader.render("risk", {"text": text}, key=f"caller-{i}")
     finally:
         reader.close()
 
