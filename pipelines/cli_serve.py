@@ -83,7 +83,7 @@ def register_serve(sub: argparse._SubParsersAction) -> None:
         "against the version's constraints, asks the target and applies the version's decision rule: the\n"
         "answer TemplateReader.predict gives. Concurrent requests are batched into one forward pass; a request\n"
         "that cannot be answered within its deadline gets a 504. Promotions, rollbacks and canary ramps in the\n"
-        "store are served within --refresh of their commit, without a restart. Runs until Ctrl-C.",
+        "store are served within 0.05 s of their commit, without a restart. Runs until Ctrl-C.",
         epilog="examples:\n  tune-prompts serve --task risk\n"
         "  tune-prompts serve --task risk --replicas 2 --port 8080 --deadline-ms 500\n"
         "  curl -s localhost:8000/v1/predict -d '{\"task\": \"risk\", \"inputs\": {\"text\": \"WIN a prize!\"}, "

@@ -64,11 +64,10 @@ class _Targets:
     """The replica's target model, and one label scorer per (label words, chat template) over it."""
 
     def __init__(self, source: ModelSource, tasks: dict[str, ServedTask]) -> None:
-        from pipelines.scoring import _load
-
         from pipelines.config import Endpoint
+        from pipelines.scoring import load_source
 
-        self._model = _load(source)
+        self._model = load_source(source)
         self.local = not isinstance(self._model, Endpoint)  # a model in this process, not a server's
         self._tasks = tasks
         self._scorers: dict[tuple, Any] = {}

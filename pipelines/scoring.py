@@ -178,11 +178,11 @@ def build_scorer(task: TaskConfig, splits: Splits, target: ModelSource | LoadedL
     ``bad_responses``: what a served model's response that breaks the API's contract does: ``"raise"`` (eval,
     check: the command stops, exit 2) or ``"count"`` (the tuning loop: it counts as an answer naming no label).
     """
-    target_model = _load(target)
+    target_model = load_source(target)
     batch = task.scoring.batch_size
     target_scorer = label_scorer(target_model, scorer_words(task), chat_template=task.template.chat_template,
                                  batch_size=batch, bad_responses=bad_responses)
-    judge_model = target_model if judge is None or judge == target else _load(judge)
+    judge_model = target_model if judge is None or judge == target else load_source(judge)
     if judge_model is target_model and scorer_words(task) == list(JUDGE_VERBALIZERS):
         judge_scorer = target_scorer
     else:
@@ -205,7 +205,8 @@ def reader_for(task: TaskConfig, target: LoadedLM | Endpoint):
     return lambda instructions: scorer.score(instructions, task.description)
 
 
-def _load(source: ModelSource | LoadedLM) -> LoadedLM | Endpoint:
+def load_source(source: ModelSource | LoadedLM) -> LoadedLM | Endpoint:
+    """A model name loaded (once: share the result between scorers), an endpoint or a loaded model as it is."""
     return load_causal_lm(source) if isinstance(source, str) else source
 
 
@@ -225,7 +226,7 @@ def label_scorer(source: ModelSource | LoadedLM, verbalizers: Sequence[str], *, 
     as ``build_scorer`` takes it). ``serving``: requests' new texts, one batch at a time (``LabelScorer.pad_rows``)."""
     from pipelines.engine.endpoints import make_label_scorer
 
-    model = _load(source)
+    model = load_source(source)
     if isinstance(model, Endpoint):
         check_endpoint(model)  # the server answers and serves the model, before any work starts
         return make_label_scorer(model.url, verbalizers, model=model.model, chat_template=chat_template,
