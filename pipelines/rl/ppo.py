@@ -11,6 +11,11 @@ What runs here, and whose code it is:
 * Written here because openrlhf's versions need CUDA, DeepSpeed or Ray on every step: the LoRA policy with
   its reference (the same weights with the adapter switched off), the value head, sampling with HF
   ``generate``, the minibatch loop with plain AdamW, and checkpoints.
+* A group's responses to one prompt (the loop's batches) are scored with the prompt run once
+  (``pipelines.rl.shared_prompt``: ``Actor``'s log-probs, equal in float32), and sampled from its cached keys
+  and values. For risk's 24 samples (a 152-token prompt, up to 48 response tokens), in bfloat16 on 2 cores, an
+  update took 10.3 s instead of 35.9 s and sampling 10.3 s instead of 16.1 s. Any other batch goes through
+  ``Actor`` whole.
 
 Nothing here runs on import: openrlhf (after the CPU stand-ins of ``pipelines.rl.stand_ins``), peft and
 transformers are imported on first use. The module is longer than 400 lines because the sampler, the
@@ -32,6 +37,7 @@ import torch
 
 from pipelines.config import PPOConfig
 from pipelines.engine.usage import Usage
+from pipelines.rl import shared_prompt
 from pipelines.rl.stand_ins import install_cpu_stand_ins
 
 # These subtract a baseline computed over the samples of one prompt (consecutive rows of a batch), so they
@@ -148,8 +154,13 @@ def sample(
         input_ids[row, width - len(ids) :] = torch.tensor(ids)
         prompt_mask[row, width - len(ids) :] = 1
 
+    # the loop's groups repeat one prompt: its keys and values are computed once and handed to generate, which
+    # then runs only the prompt's last token for each row (the RNG draws are the same either way)
+    same = width > 1 and shared_prompt.one_prompt(input_ids, prompt_mask, 0)
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(seed)
+        cached = {"past_key_values": shared_prompt.prompt_cache(model, input_ids[:1, : width - 1], len(encoded))[0]
+                  } if same else {}
         sequences = model.generate(
             input_ids=input_ids,
             attention_mask=prompt_mask,
@@ -160,6 +171,7 @@ def sample(
             max_new_tokens=max_new_tokens,
             eos_token_id=stop_ids,
             pad_token_id=pad_id,
+            **cached,
         )
     response = sequences[:, width:]
     is_stop = torch.isin(response, torch.tensor(stop_ids))
@@ -257,8 +269,8 @@ class PPOLearner:
     # ---- one PPO step ---------------------------------------------------------------------------
     def defer(self, batch: RolloutBatch) -> None:
         """Keep a rewarded batch for the next ``step`` instead of updating now: a run's last step, whose update
-        would change only samples the run never draws (a third of its wall time on 2 CPU cores). The checkpoint
-        keeps it, so a run resumed for more steps learns from it first."""
+        would change only samples the run never draws. The checkpoint keeps it, so a run resumed for more steps
+        learns from it first."""
         if batch.rewards is None:
             raise ValueError("the batch has no rewards; use batch.with_rewards(...)")
         self.pending = batch
@@ -283,14 +295,10 @@ class PPOLearner:
 
         # experience: old log-probs (policy), reference log-probs (adapter off) and values, without grad
         with torch.no_grad():
-            old_logp = self.actor(seq, amask, attention_mask=attn, use_cache=False)
+            old_logp, _ = self._log_probs(seq, amask, attn)
             with self.policy.disable_adapter():
-                ref_logp, out = self.actor(
-                    seq, amask, attention_mask=attn, return_output=True, output_hidden_states=True, use_cache=False
-                )
-            # The state before response token t is the hidden state at position t - 1, as in openrlhf's critic.
-            features = out.hidden_states[-1][:, :-1][:, -amask.size(1) :].float()
-            del out
+                ref_logp, features = self._log_probs(seq, amask, attn, hidden=True)
+            assert features is not None  # asked for (hidden=True)
             old_values = self._values(features, amask)
         kl = orl.compute_approx_kl(old_logp, ref_logp, kl_estimator=cfg.kl_estimator)
         kl_per_sample = orl.masked_mean(kl, amask, dim=-1)
@@ -308,7 +316,7 @@ class PPOLearner:
         }
         for _ in range(cfg.ppo_epochs):
             for idx in torch.randperm(n, generator=shuffle).split(cfg.minibatch_size):
-                logp = self.actor(seq[idx], amask[idx], attention_mask=attn[idx], use_cache=False)  # with grad
+                logp, _ = self._log_probs(seq[idx], amask[idx], attn[idx])  # with grad
                 loss, clipfrac, ppo_kl, _, _ = self.policy_loss(
                     logp, old_logp[idx], advantages[idx], action_mask=amask[idx]
                 )
@@ -351,6 +359,20 @@ class PPOLearner:
             metrics["train/value_loss"] = _mean(stats["value_loss"])
             metrics["train/value_mean"] = orl.masked_mean(old_values, amask, dim=None).item()
         return metrics
+
+    def _log_probs(self, seq: torch.Tensor, amask: torch.Tensor, attn: torch.Tensor, *, hidden: bool = False
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The action log-probs of the policy as it is now (under ``disable_adapter``: the reference), and with
+        ``hidden`` the critic's features: the last hidden state before each response token (position t - 1 for
+        token t, as in openrlhf's critic). A batch whose rows share one prompt (the loop's groups) runs the prompt
+        once (``shared_prompt``); any other through openrlhf's ``Actor`` on the whole sequences."""
+        if shared_prompt.one_prompt(seq, attn, amask.size(1)):
+            return shared_prompt.action_log_probs(self.policy, seq, amask, attn, self.actor.temperature, hidden=hidden)
+        if not hidden:
+            return self.actor(seq, amask, attention_mask=attn, use_cache=False), None
+        logp, out = self.actor(seq, amask, attention_mask=attn, return_output=True, output_hidden_states=True,
+                               use_cache=False)
+        return logp, out.hidden_states[-1][:, :-1][:, -amask.size(1) :].float()
 
     def _values(self, features: torch.Tensor, action_mask: torch.Tensor) -> torch.Tensor:
         return self.value_head(features).squeeze(-1) * action_mask
