@@ -1,4 +1,4 @@
-"""scripts/bench/peers/dspy_generation.py: DSPy's COPRO and MIPROv2 on a generation task, scored per example by the task's
+"""scripts/bench/peers/dspy_generation.py: DSPy's COPRO, MIPROv2 and GEPA on a generation task, scored per example by the task's
 production figure against the reference. The target and proposer are scripted (``LocalLM._generate`` replaced)."""
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def test_the_metric_is_the_tasks_figure_of_one_answer(callback):
     assert peer.example_metric(json_task.with_overrides(**{"scoring.metric": "contract_rate"}), {}, {"a": 1}) == 1.0
 
 
-@pytest.mark.parametrize("method", ["copro", "miprov2"])
+@pytest.mark.parametrize("method", ["copro", "miprov2", "gepa"])
 def test_optimize_runs_dspy_within_the_budget_on_train_and_dev_only(callback, fake_loaded, scripted, method):
     prompts = scripted(target=number_reader, proposer=lambda text: "Copy the phone number from the message.")
     splits = load_splits(callback)

@@ -1,4 +1,4 @@
-"""scripts/bench/peers/dspy.py: DSPy's COPRO and MIPROv2 through an adapter to the project's target model.
+"""scripts/bench/peers/dspy.py: DSPy's COPRO, MIPROv2 and GEPA through an adapter to the project's target model.
 
 The unit tests script the model (``LocalLM._generate`` replaced; the real tokenizer renders the chat template), so
 they need no model computation; the slow test runs COPRO with the real SmolLM2 at a tiny budget."""
@@ -11,7 +11,7 @@ import pytest
 
 dspy = pytest.importorskip("dspy")
 
-from pipelines import dspy_peer  # noqa: E402
+from bench.peers import dspy as dspy_peer  # noqa: E402
 from pipelines.config import load_task  # noqa: E402
 from pipelines.data import load_splits  # noqa: E402
 from bench.peers.dspy import (  # noqa: E402
@@ -182,7 +182,12 @@ def test_settings_fit_the_budget():
             mipro = dspy_peer.miprov2_settings(budget, n_train, 24)
             if mipro is not None:
                 assert mipro["max_calls"] <= budget and mipro["num_candidates"] >= 2
+            gepa = dspy_peer.gepa_settings(budget, n_train, 24)
+            if gepa is not None:  # its own budget leaves room for the iteration past its last check
+                assert gepa["max_metric_calls"] + gepa["val"] + 2 * gepa["minibatch"] == gepa["max_calls"] == budget
+                assert 10 <= gepa["val"] <= 24 and gepa["train"] <= n_train
     assert dspy_peer.copro_settings(1, 10) is None and dspy_peer.miprov2_settings(4, 10, 10) is None
+    assert dspy_peer.gepa_settings(30, 100, 200) is None and dspy_peer.gepa_settings(4000, 100, 200)["val"] == 35
     assert dspy_peer.miprov2_settings(84, 24, 24) == {"num_candidates": 3, "num_trials": 4, "val": 12, "train": 12,
                                                      "max_calls": 84}
 
@@ -193,16 +198,30 @@ def scam_reader(text, i):
     return ("yes" if any(w in message.lower() for w in ("free", "win", "prize", "call", "txt")) else "no"), "stop"
 
 
-@pytest.mark.parametrize("method", ["copro", "miprov2"])
+@pytest.mark.parametrize("method", ["copro", "miprov2", "gepa"])
 def test_optimize_runs_dspy_within_the_budget(task, fake_loaded, scripted, method):
     script = scripted(target=scam_reader,
                       proposer=lambda text, i: (f"Say yes if the message asks for money. ({i})", "stop"))
     splits = load_splits(task)
-    result = dspy_peer.optimize(task, splits, fake_loaded, method, budget_calls=40, seed=0)
+    budget = 60 if method == "gepa" else 40
+    result = dspy_peer.optimize(task, splits, fake_loaded, method, budget_calls=budget, seed=0)
     assert isinstance(result["instruction"], str) and result["instruction"].strip()
-    assert 0 < result["target_calls"] <= 40 and "finished" in result["note"], result
+    assert 0 < result["target_calls"] <= budget and "finished" in result["note"], result
     test_texts = {e.text for e in splits.test}
     assert script.prompts and not any(t in prompt for _, prompt in script.prompts for t in test_texts)
+
+
+def test_gepa_reflects_on_each_examples_outcome_as_text(task, fake_loaded, scripted):
+    """GEPA's reflection prompt shows the proposer the answers and the labels, and its proposal is measured."""
+    script = scripted(target=scam_reader, proposer=lambda text, i: ("Say yes when the message offers a prize.", "stop"))
+    result = dspy_peer.optimize(task, load_splits(task), fake_loaded, "gepa", budget_calls=60, seed=0)
+    reflections = [text for role, text in script.prompts if role == "proposer"]
+    assert reflections and "finished" in result["note"], result
+    assert any("the correct label is" in text or "is the right label" in text for text in reflections)
+    assert dspy_peer.label_outcome(task, "yes", "yes")[0] == 1.0
+    assert dspy_peer.label_outcome(task, "yes", UNPARSED) == (
+        0.0, "The answer broke the output contract: no label could be read from it. It must be one of "
+        f"{', '.join(task.labels)}; the correct one here is 'yes'.")
 
 
 def test_a_run_cut_short_keeps_the_best_measured_instruction(task, fake_loaded, scripted, monkeypatch):

@@ -43,6 +43,7 @@ METHOD_CODE: dict[str, tuple[str, ...]] = {
             "bench.tuning:run_ppo"),
     "DSPy COPRO": ("bench.peers.dspy", "bench.tuning:run_dspy"),
     "DSPy MIPROv2": ("bench.peers.dspy", "bench.tuning:run_dspy"),
+    "DSPy GEPA": ("bench.peers.dspy", "bench.tuning:run_dspy"),
 }
 # a generation task's DSPy rows run through the generation peer (bench.tuning.run_dspy_generation)
 GENERATION_DSPY = ("bench.peers.dspy", "bench.peers.dspy_generation", "bench.tuning:run_dspy_generation")

@@ -9,12 +9,13 @@ evaluated on the task's test split, which no method reads, under the task's prod
   * OPRO       the same rounds, but each meta-prompt shows the best instructions so far with their rewards
                (`bench.opro.history_meta_prompt`), the untrained policy writing;
   * PPO        `pipelines.loop.tune` with the budget (`--max-target-calls`): as many steps as it pays for;
-  * DSPy COPRO, DSPy MIPROv2: the dspy library's optimizers as shipped, instruction only and zero demos, through
-               `bench.peers.dspy` (an adapter to the in-process target model, prompted and parsed as here; the
-               proposer is the same untrained policy model); their own choice, by their own search on train (and
-               for MIPROv2 dev) examples; on a generation task through `scripts/bench/peers/dspy_generation.py`
-               (scored per example by the task's figure against the reference). Without the optional extra (`bash scripts/setup.sh --bench`) their rows
-               say "not run": the table keeps its shape.
+  * DSPy COPRO, DSPy MIPROv2, DSPy GEPA: the dspy library's optimizers as shipped, instruction only and zero
+               demos, through `bench.peers.dspy` (an adapter to the in-process target model, prompted and parsed
+               as here; the proposer is the same untrained policy model; GEPA's reflection reads each example's
+               outcome as feedback); their own choice, by their own search on train (and for MIPROv2 and GEPA
+               dev) examples; on a generation task through `scripts/bench/peers/dspy_generation.py` (scored per
+               example by the task's figure against the reference). Without the optional extra
+               (`bash scripts/setup.sh --bench`) their rows say "not run": the table keeps its shape.
 The project's methods score candidates through the same racing pool (`pipelines.racing`) and choose among them
 the same way (`pipelines.choice.choose`: the gate's bars on the whole dev split, the seed in the race).
 Each search gets a pool of its own, so no method reads another's cached scores.
@@ -67,7 +68,8 @@ from bench.ledger import Ledger, method_fingerprint, probe, scorer_fingerprint, 
 from pipelines.cli import quiet_libraries
 from pipelines.cli_output import table
 
-METHODS = ("seed", "best-of-N", "OPRO", "PPO", "DSPy COPRO", "DSPy MIPROv2")
+METHODS = ("seed", "best-of-N", "OPRO", "PPO", "DSPy COPRO", "DSPy MIPROv2", "DSPy GEPA")
+DSPY_OPTIMIZERS = {"DSPy COPRO": "copro", "DSPy MIPROv2": "miprov2", "DSPy GEPA": "gepa"}
 QUICK_TASK = str(REPO / "tests" / "data" / "risk_small.yaml")
 
 
@@ -134,7 +136,7 @@ def run_method(method: str, task, splits, budget: int, plan, seed: int, options)
     if method == "PPO":
         outcome = run_ppo(task, budget, plan, options)
     elif method.startswith("DSPy"):
-        name = {"DSPy COPRO": "copro", "DSPy MIPROv2": "miprov2"}[method]
+        name = DSPY_OPTIMIZERS[method]
         outcome = run_dspy(task, splits, name, budget, seed, options.target, _policy(options.policy_model))
     else:  # best-of-N and OPRO, each with a pool of its own (no cached scores from another method)
         policy = _policy(options.policy_model)
@@ -177,7 +179,7 @@ def run_ppo(task, budget: int, plan, options) -> Outcome:
 
 
 def run_dspy(task, splits, method: str, budget: int, seed: int, target, proposer) -> Outcome:
-    """DSPy's COPRO or MIPROv2 (``method``: "copro" or "miprov2") at ``budget`` target calls."""
+    """DSPy's COPRO, MIPROv2 or GEPA (``method``: one of ``bench.peers.dspy.METHODS``) at ``budget`` target calls."""
     try:
         from bench.peers.dspy import optimize
     except ImportError:
@@ -257,7 +259,7 @@ def add_run_options(parser: argparse.ArgumentParser, help_suffix: str = "") -> N
 
 
 def run_dspy_generation(task, splits, method: str, budget: int, seed: int, target, proposer_name: str) -> Outcome:
-    """DSPy's COPRO or MIPROv2 on a generation task (``scripts/bench/peers/dspy_generation.py``), as ``run_dspy``."""
+    """DSPy's COPRO, MIPROv2 or GEPA on a generation task (``scripts/bench/peers/dspy_generation.py``), as ``run_dspy``."""
     if importlib.util.find_spec("dspy") is None or (method == "miprov2" and importlib.util.find_spec("optuna") is None):
         return Outcome(None, 0, 0.0, "not run: bash scripts/setup.sh --bench")
     if not isinstance(target, str):
@@ -349,7 +351,7 @@ def bench_task(name: str, seeds: list[int], budget: int | None, options, test_ex
             elif record is None:
                 log(f"{base.name}, seed {seed}: {method} ...")
                 if base.is_generation and method.startswith("DSPy"):
-                    optimizer = {"DSPy COPRO": "copro", "DSPy MIPROv2": "miprov2"}[method]
+                    optimizer = DSPY_OPTIMIZERS[method]
                     outcome = run_dspy_generation(task, splits, optimizer, budget, seed, options.target,
                                                   options.policy_model)
                 else:

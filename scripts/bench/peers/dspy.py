@@ -1,4 +1,4 @@
-"""DSPy's COPRO and MIPROv2 as peers of this project's tuning methods: instruction only, zero demos, at a budget
+"""DSPy's COPRO, MIPROv2 and GEPA as peers of this project's tuning methods: instruction only, zero demos, at a budget
 of target calls (``scripts/bench/tuning.py``'s DSPy rows). Needs the optional extra: ``pip install -e .[bench]``.
 
 Why an adapter. DSPy optimizes a *program*: a ``dspy.Predict`` whose signature holds an instruction, run through
@@ -20,9 +20,11 @@ through JSONAdapter). Here the optimizers run unmodified; only the two ends are 
   template invalid (a brace, over the token budget) is not sent: its answers are ``UNPARSED`` at no call, as the
   project's scorer gives an invalid candidate its penalty without asking the target. The optimizer's output-field
   prefix (COPRO tunes one) has no place in the skeleton and is ignored.
-* ``ProposerAdapter`` (COPRO's and MIPROv2's ``prompt_model``: the same small model, untrained, as the project's
-  best-of-N policy): DSPy's own ChatAdapter prompt, but a completion without the field markers is not an error:
-  the raw completion text becomes the first output field and the others get their defaults ('' for text).
+* ``ProposerAdapter`` (COPRO's and MIPROv2's ``prompt_model``, GEPA's ``reflection_lm``: the same small model,
+  untrained, as the project's best-of-N policy): DSPy's own ChatAdapter prompt, but a completion without the
+  field markers is not an error: the raw completion text becomes the first output field and the others get
+  their defaults ('' for text). GEPA's reflection reads each example's outcome as text: the answer, the label
+  and whether they match (``label_outcome``), the "per-example outcome as feedback" its paper describes.
 * ``RoleAdapter``: DSPy reads one global adapter, so it routes each call by the LM's ``role``.
 
 What is counted. ``target_calls``: completions the target generated (one per completion; an ``n``-completion
@@ -30,8 +32,8 @@ request counts ``n``), for the search and the choice; the benchmark's final test
 part of it, as for the other methods. The proposer's completions are counted apart (``note``), as the other
 methods' policy samples are not target calls. A ``CallLedger`` shared by an LM and its copies (DSPy copies the
 prompt model per proposal) holds the counts. The budget is kept two ways: the settings are sized so the run's
-most calls fit in it (the formulas are in ``copro_settings`` and ``miprov2_settings``), and a call that would
-pass it raises ``BudgetExceeded`` before it runs; then ``optimize`` keeps the best instruction that was measured
+most calls fit in it (the formulas are in ``copro_settings``, ``miprov2_settings`` and ``gepa_settings``), and
+a call that would pass it raises ``BudgetExceeded`` before it runs; then ``optimize`` keeps the best instruction that was measured
 on every evaluation example (DSPy gives back no result from a run cut short) and says so in ``note``.
 """
 
@@ -43,7 +45,7 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import dspy
 from dspy.adapters.base import Adapter
@@ -58,7 +60,7 @@ from templates.template import Template, validate_candidate
 
 ANSWER = "answer"  # the signature's output field
 UNPARSED = "<unparsed>"  # the answer field's value when the completion breaks the contract (or was not asked for)
-METHODS = ("copro", "miprov2")
+METHODS = ("copro", "miprov2", "gepa")
 
 
 class BudgetExceeded(BaseException):
@@ -307,6 +309,25 @@ def miprov2_settings(budget: int, n_train: int, n_dev: int) -> dict | None:
             "max_calls": (candidates - 1) * train + (trials + 1) * val}
 
 
+def gepa_settings(budget: int, n_train: int, n_dev: int) -> dict | None:
+    """GEPA's valset, trainset, minibatch and metric-call budget for at most ``budget`` target calls (None: too
+    small).
+
+    GEPA measures the seed on the whole valset. Then each iteration runs the current candidate on a minibatch of
+    train examples (``reflection_minibatch_size``, its default 3), reflects on their feedback, runs the proposal
+    on the same minibatch and, if it did better there, on the whole valset. It checks its budget
+    (``max_metric_calls``) only between iterations, so that budget leaves room for one more iteration. The
+    valset: a twentieth of the budget, at least 10 and at most 35 examples of dev (above 35 DSPy warns that a
+    smaller valset leaves more of the budget to explore)."""
+    minibatch = 3
+    val = min(n_dev, 35, max(10, budget // 20))
+    room = val + 2 * minibatch  # one iteration past the last check
+    if n_train < minibatch or n_dev < 1 or budget < val + room + 2 * minibatch:
+        return None
+    return {"val": val, "train": min(n_train, 200), "minibatch": minibatch, "max_metric_calls": budget - room,
+            "max_calls": budget}
+
+
 # --- the run ----------------------------------------------------------------------------------------------------
 
 def _balanced(examples, n: int) -> list[Example]:
@@ -354,16 +375,46 @@ def best_measured(ledger: CallLedger, keys: set[str], fallback: str) -> tuple[st
 
 def optimize(task: TaskConfig, splits: Splits, lm: LoadedLM, method: str, budget_calls: int, seed: int, *,
              proposer: LoadedLM | None = None) -> dict:
-    """Run DSPy's ``method`` ("copro" or "miprov2") as shipped, instruction only and zero demos, with at most
+    """Run DSPy's ``method`` (one of ``METHODS``) as shipped, instruction only and zero demos, with at most
     ``budget_calls`` calls to the target ``lm``. ``proposer``: the prompt model (default: ``lm``).
 
     Returns ``{"instruction", "target_calls", "note"}``; the instruction goes into the task's skeleton
-    (``task.compose``). Train examples (and for MIPROv2 dev examples as its valset) only; never the test split.
-    The metric is the task's production figure per example: the answer parsed by the contract equals the label."""
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, not {method!r}")
+    (``task.compose``). Train examples (and for MIPROv2 and GEPA dev examples as the valset) only; never the test
+    split. The metric is the task's production figure per example: the answer parsed by the contract equals the
+    label; GEPA also reads the outcome as text (``label_feedback``)."""
     if task.is_generation:
         raise ValueError("the DSPy peer runs classification tasks (a label per example) only")
+    return run(task, splits, lm, method, budget_calls, seed, proposer=proposer,
+               examples=lambda split, n: _dspy_examples(task, _balanced(split, n)),
+               outcome=lambda example, answer: label_outcome(task, example.label, answer))
+
+
+def label_outcome(task: TaskConfig, label: str, answer) -> tuple[float, str]:
+    """One classification example's score (1: the parsed answer is the label) and what GEPA's reflection reads."""
+    if answer == UNPARSED or answer is None:
+        return 0.0, (f"The answer broke the output contract: no label could be read from it. It must be one of "
+                     f"{', '.join(task.labels)}; the correct one here is {label!r}.")
+    if answer == label:
+        return 1.0, f"Correct: the answer {answer!r} is the right label."
+    return 0.0, f"Wrong: the answer was {answer!r}; the correct label is {label!r}."
+
+
+def settings_for(method: str, budget: int, n_train: int, n_dev: int) -> dict | None:
+    if method == "copro":
+        return copro_settings(budget, n_train)
+    if method == "miprov2":
+        return miprov2_settings(budget, n_train, n_dev)
+    return gepa_settings(budget, n_train, n_dev)
+
+
+def run(task: TaskConfig, splits: Splits, lm: LoadedLM, method: str, budget_calls: int, seed: int, *,
+        proposer: LoadedLM | None, examples: Callable[[Any, int], list],
+        outcome: Callable[[Any, Any], tuple[float, str]]) -> dict:
+    """The run both kinds of task share (``optimize`` here, and ``bench.peers.dspy_generation``): ``examples``
+    (a split's examples, n) -> n DSPy examples; ``outcome`` (a DSPy example, the answer field) -> (score, the
+    feedback text GEPA reflects on)."""
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, not {method!r}")
     import torch
 
     ledger = CallLedger(budget=budget_calls)
@@ -374,25 +425,21 @@ def optimize(task: TaskConfig, splits: Splits, lm: LoadedLM, method: str, budget
     adapter = RoleAdapter(TargetAdapter(task, lm.tokenizer, ledger), ProposerAdapter())
     seed_instruction = task.template.seed_instruction
 
-    if method == "copro":
-        sizes = copro_settings(budget_calls, len(splits.train))
-    else:
-        sizes = miprov2_settings(budget_calls, len(splits.train), len(splits.dev))
+    sizes = settings_for(method, budget_calls, len(splits.train), len(splits.dev))
     if sizes is None:
         return {"instruction": seed_instruction, "target_calls": 0,
                 "note": f"not run: a budget of {budget_calls} target calls is too small for {method}"}
     if method == "copro":
-        trainset = _dspy_examples(task, _balanced(splits.train, sizes["examples"]))
-        evalset = trainset
+        trainset = evalset = examples(splits.train, sizes["examples"])
     else:
-        trainset = _dspy_examples(task, _balanced(splits.train, sizes["train"]))
-        evalset = _dspy_examples(task, _balanced(splits.dev, sizes["val"]))
+        trainset = examples(splits.train, sizes["train"])
+        evalset = examples(splits.dev, sizes["val"])
 
-    def metric(example, prediction, trace=None) -> float:
-        score = float(getattr(prediction, ANSWER, None) == example.label)
+    def metric(example, prediction, trace=None, pred_name=None, pred_trace=None):
+        score, feedback = outcome(example, getattr(prediction, ANSWER, None))
         if ledger.instruction is not None:
             ledger.scores.setdefault(ledger.instruction, {})[_key(task, example)] = score
-        return score
+        return dspy.Prediction(score=score, feedback=feedback) if method == "gepa" else score
 
     torch.manual_seed(seed)  # the proposer's sampling
     started = time.perf_counter()
@@ -411,12 +458,20 @@ def optimize(task: TaskConfig, splits: Splits, lm: LoadedLM, method: str, budget
                                        depth=sizes["depth"], init_temperature=1.4)
                 best = optimizer.compile(_program(task), trainset=trainset,
                                          eval_kwargs={"num_threads": 1, "display_progress": False})
-            else:
+            elif method == "miprov2":
                 optimizer = dspy.MIPROv2(metric=metric, prompt_model=prompt_model, task_model=target,
                                          max_bootstrapped_demos=0, max_labeled_demos=0, auto=None,
                                          num_candidates=sizes["num_candidates"], num_threads=1, seed=seed)
                 best = optimizer.compile(_program(task), trainset=trainset, valset=evalset,
                                          num_trials=sizes["num_trials"], minibatch=False)
+            else:  # GEPA reflects with the same small model, sampling as the project's policy does
+                reflection = LocalLM(proposer or lm, role="proposer", ledger=ledger,
+                                     max_tokens=task.template.max_instruction_tokens,
+                                     temperature=task.generation.temperature)
+                optimizer = dspy.GEPA(metric=metric, max_metric_calls=sizes["max_metric_calls"],
+                                      reflection_lm=reflection, reflection_minibatch_size=sizes["minibatch"],
+                                      num_threads=1, seed=seed)
+                best = optimizer.compile(_program(task), trainset=trainset, valset=evalset)
         instruction = best.predictors()[0].signature.instructions
         how = "finished"
     except BudgetExceeded as exc:
