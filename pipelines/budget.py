@@ -347,10 +347,11 @@ def check_affordable(plan: Plan, budget: Budget) -> None:
 # call, each pair's own tokens, each answer's new tokens), not the calls: the default risk run's phases (steps,
 # selection, test) each ran at the same rate of computed tokens per second, and so does a task of 1,000-character
 # inputs, whose pairs are 5 times as long (docs/endpoints.md, "The cost model"). Measured on 2 quiet cores (AVX-512 BF16,
-# bfloat16): the policy (sampling and the PPO update on the driver's 2 threads) took 2.7 s per candidate while one
-# scoring worker, timed by ``calibrate``, computed REFERENCE_TOKENS_PER_S; start-up (imports, Ray, models) about 20 s.
+# bfloat16): the policy (sampling and the PPO update on the driver's 2 threads) took 0.86 s per candidate since the
+# group's prompt runs once (dfa6a60: 10.3 s sampling and 10.3 s updating 24; it was 2.7 s) while one scoring worker,
+# timed by ``calibrate``, computed REFERENCE_TOKENS_PER_S; start-up (imports, Ray, models) about 20 s.
 REFERENCE_TOKENS_PER_S = 1180.0  # one worker, the machine above (risk; 970 on 1,000-character inputs)
-REFERENCE_POLICY_S = 2.7  # per candidate and step, the machine above
+REFERENCE_POLICY_S = 0.86  # per candidate and step, the machine above (the last step, which defers its update, less)
 STARTUP_S = 20.0
 
 
