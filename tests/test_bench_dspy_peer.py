@@ -242,3 +242,14 @@ def test_copro_with_the_real_small_model_at_a_tiny_budget(task):
     print(result)
     assert isinstance(result["instruction"], str) and result["instruction"].strip()
     assert 0 < result["target_calls"] <= budget
+
+
+@pytest.mark.slow
+def test_gepa_with_the_real_small_model_at_a_tiny_budget(task):
+    from pipelines.engine.models import load_causal_lm
+
+    budget = 40
+    result = dspy_peer.optimize(task, load_splits(task), load_causal_lm(), "gepa", budget_calls=budget, seed=0)
+    print(result)
+    assert isinstance(result["instruction"], str) and result["instruction"].strip()
+    assert 0 < result["target_calls"] <= budget and "finished" in result["note"], result
