@@ -103,6 +103,31 @@ def test_the_lm_returns_an_openai_style_response_and_counts_completions(fake_loa
     assert not model.calls[-1]["do_sample"] and len(greedy["choices"]) == 1 and ledger.calls == {"proposer": 7}
 
 
+def test_a_completion_ends_at_the_chats_end_of_turn_not_only_at_the_tokenizers_end_of_sequence(fake_loaded):
+    """SmolLM2 ends a chat turn with <|im_end|>, which its generation config names and the GGUF tokenizer's eos
+    is not: a one-word answer followed by the next turn is that word, finished, not a cut-off run-on."""
+    tok = fake_loaded.tokenizer
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    assert im_end != tok.eos_token_id
+
+    class EndOfTurn(TokenScript):
+        generation_config = type("GenerationConfig", (), {"eos_token_id": im_end})()
+
+        def generate(self, ids, attention_mask=None, **options):
+            import torch
+
+            self.calls.append(options)
+            new = tok("No", add_special_tokens=False).input_ids + [im_end] + tok("\nuser\nmore", add_special_tokens=False).input_ids
+            return torch.tensor([ids[0].tolist() + new[: options["max_new_tokens"]]])
+
+    model = EndOfTurn(tok, [])
+    lm = LocalLM(LoadedLM(model, tok, "scripted"), role="target", max_tokens=8, temperature=0.0)
+    response = lm.forward(messages=[{"role": "user", "content": "Is it a scam?"}])
+    assert response["choices"][0]["message"]["content"] == "No"
+    assert response["choices"][0]["finish_reason"] == "stop"
+    assert im_end in model.calls[-1]["eos_token_id"] and tok.eos_token_id in model.calls[-1]["eos_token_id"]
+
+
 def test_the_target_adapter_sends_the_projects_prompt(task, fake_loaded, scripted):
     script = scripted(target=lambda text, i: ("yes", "stop"))
     ledger, lm, adapter = target_setup(task, fake_loaded)
@@ -253,3 +278,24 @@ def test_gepa_with_the_real_small_model_at_a_tiny_budget(task):
     print(result)
     assert isinstance(result["instruction"], str) and result["instruction"].strip()
     assert 0 < result["target_calls"] <= budget and "finished" in result["note"], result
+
+
+def test_with_a_real_model_the_target_answers_through_the_projects_scorer_as_generate_does(task):
+    """The adapter's fast path (the project's ``LabelScorer.answer``) sends the same prompt as the LM path
+    (``generate`` on the chat template): in float32 their answers are equal, and each call is counted once."""
+    from pipelines.engine.models import load_causal_lm
+    from pipelines.scoring import label_scorer, scorer_words
+
+    loaded = load_causal_lm(dtype="float32")
+    examples = load_splits(task).dev[:8]
+    answers = {}
+    for path in ("scorer", "generate"):
+        ledger = CallLedger()
+        scorer = label_scorer(loaded, scorer_words(task), chat_template=True) if path == "scorer" else None
+        lm = LocalLM(loaded, role="target", ledger=ledger, max_tokens=dspy_peer.answer_tokens(task), temperature=0.0)
+        adapter = RoleAdapter(TargetAdapter(task, loaded.tokenizer, ledger, scorer), ProposerAdapter())
+        program = dspy.Predict(signature("Answer yes if the message is a scam, else no."))
+        with dspy.context(lm=lm, adapter=adapter):
+            answers[path] = [program(text=e.text).answer for e in examples]
+        assert ledger.calls == {"target": len(examples)}
+    assert answers["scorer"] == answers["generate"] and set(answers["scorer"]) - {UNPARSED}
