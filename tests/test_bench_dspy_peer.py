@@ -259,22 +259,11 @@ def test_a_run_cut_short_keeps_the_best_measured_instruction(task, fake_loaded, 
 
 
 @pytest.mark.slow
-def test_copro_with_the_real_small_model_at_a_tiny_budget(task):
+@pytest.mark.parametrize("method, budget", [("copro", 8), ("gepa", 40)])
+def test_dspy_with_the_real_small_model_at_a_tiny_budget(task, method, budget):
     from pipelines.engine.models import load_causal_lm
 
-    budget = 8
-    result = dspy_peer.optimize(task, load_splits(task), load_causal_lm(), "copro", budget_calls=budget, seed=0)
-    print(result)
-    assert isinstance(result["instruction"], str) and result["instruction"].strip()
-    assert 0 < result["target_calls"] <= budget
-
-
-@pytest.mark.slow
-def test_gepa_with_the_real_small_model_at_a_tiny_budget(task):
-    from pipelines.engine.models import load_causal_lm
-
-    budget = 40
-    result = dspy_peer.optimize(task, load_splits(task), load_causal_lm(), "gepa", budget_calls=budget, seed=0)
+    result = dspy_peer.optimize(task, load_splits(task), load_causal_lm(), method, budget_calls=budget, seed=0)
     print(result)
     assert isinstance(result["instruction"], str) and result["instruction"].strip()
     assert 0 < result["target_calls"] <= budget and "finished" in result["note"], result
