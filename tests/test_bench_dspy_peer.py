@@ -117,7 +117,8 @@ def test_a_completion_ends_at_the_chats_end_of_turn_not_only_at_the_tokenizers_e
             import torch
 
             self.calls.append(options)
-            new = tok("No", add_special_tokens=False).input_ids + [im_end] + tok("\nuser\nmore", add_special_tokens=False).input_ids
+            new = [*tok("No", add_special_tokens=False).input_ids, im_end,
+                   *tok("\nuser\nmore", add_special_tokens=False).input_ids]
             return torch.tensor([ids[0].tolist() + new[: options["max_new_tokens"]]])
 
     model = EndOfTurn(tok, [])

@@ -182,7 +182,7 @@ def test_each_method_has_a_fingerprint_of_its_own_and_a_change_to_its_code_rerun
                                 str(ledger), log=lambda *a: None)
         return [m for _, _, m in scripted.searches]
 
-    assert bench() == ["seed", "best-of-N", "OPRO", "PPO", "dspy copro", "dspy miprov2"]
+    assert bench() == ["seed", "best-of-N", "OPRO", "PPO", "dspy copro", "dspy miprov2", "dspy gepa"]
     records = [json.loads(line) for line in ledger.read_text().splitlines()]
     searches = {r["key"].split("/")[-1]: r for r in records if r["kind"] == "search"}
     assert len({r["fingerprint"] for r in searches.values()}) == len(bench_tuning.METHODS)
@@ -197,12 +197,12 @@ def test_each_method_has_a_fingerprint_of_its_own_and_a_change_to_its_code_rerun
     code_of = bench_ledger.code_of
     monkeypatch.setattr(bench_ledger, "code_of", lambda unit, root=None: code_of(unit, root)
                         + ("changed" if unit == "bench.peers.dspy_generation" else ""))
-    assert bench() == ["dspy copro", "dspy miprov2"]  # only the generation peer's rows run again
+    assert bench() == ["dspy copro", "dspy miprov2", "dspy gepa"]  # only the generation peer's rows run again
     monkeypatch.setattr(bench_ledger, "code_of", lambda unit, root=None: code_of(unit, root)
                         + ("changed" if unit == "pipelines.loop" else ""))
     assert bench() == ["PPO"]
     monkeypatch.setattr(bench_tuning, "probe", lambda *a: ["another scorer output"])
-    assert bench() == ["seed", "best-of-N", "OPRO", "PPO", "dspy copro", "dspy miprov2"]
+    assert bench() == ["seed", "best-of-N", "OPRO", "PPO", "dspy copro", "dspy miprov2", "dspy gepa"]
 
 
 def test_fingerprints_lists_the_scorers_and_each_methods_and_runs_nothing(scripted, monkeypatch, capsys):

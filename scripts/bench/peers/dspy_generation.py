@@ -63,5 +63,6 @@ def reference_outcome(task: TaskConfig, answer, reference) -> tuple[float, str]:
     """One example's figure (``example_metric``) and what GEPA's reflection reads: the figure and the reference."""
     score = example_metric(task, answer, reference)
     if answer == UNPARSED or answer is None:
-        return score, f"The answer broke the output contract: nothing usable could be read. The reference: {reference!r}."
+        return score, ("The answer broke the output contract: nothing usable could be read. "
+                       f"The reference: {reference!r}.")
     return score, f"{task.scoring.metric} {score:.2f}: the answer was {answer!r}; the reference is {reference!r}."
