@@ -40,7 +40,7 @@ METHOD_CODE: dict[str, tuple[str, ...]] = {
     "best-of-N": _SEARCH,
     "OPRO": (*_SEARCH, "bench.opro"),
     "PPO": ("pipelines.generation", "pipelines.racing", "pipelines.choice", "pipelines.loop", "pipelines.rl.ppo",
-            "bench.tuning:run_ppo"),
+            "pipelines.rl.shared_prompt", "bench.tuning:run_ppo"),
     "DSPy COPRO": ("bench.peers.dspy", "bench.tuning:run_dspy"),
     "DSPy MIPROv2": ("bench.peers.dspy", "bench.tuning:run_dspy"),
     "DSPy GEPA": ("bench.peers.dspy", "bench.tuning:run_dspy"),
