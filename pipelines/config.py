@@ -383,6 +383,16 @@ class PPOConfig(_Strict):
 
     steps: int = Field(4, ge=1, le=MAX_STEPS, description="steps of the loop (sample a group, score it, update the "
                        f"policy), 1 to {MAX_STEPS:,} (a step takes minutes); the CLI's --steps overrides it")
+    update: Literal["ppo", "expert_iteration", "expert_iteration+ppo"] = Field(
+        "ppo", description="how a step's rewarded samples train the policy: ppo (openrlhf's clipped loss with the "
+        "advantage estimator below), expert_iteration (a supervised step on the step's best samples: those above "
+        "their group's mean reward, at most expert_top_k of them), or expert_iteration+ppo (the supervised step, "
+        "then PPO); the cluster job (--backend openrlhf) runs only ppo")
+    expert_top_k: int = Field(4, ge=1, le=MAX_CANDIDATES, description="expert iteration: at most this many of a "
+                              "group's samples are imitated, the best by reward, each above the group's mean and "
+                              "ended by a stop token")
+    expert_epochs: int = Field(4, ge=1, le=100, description="expert iteration: passes over a step's imitated "
+                               "samples, in minibatches of minibatch_size (at most 100)")
     advantage_estimator: Literal[
         "gae", "reinforce", "rloo", "reinforce_baseline", "group_norm", "dr_grpo", "flash_reinforce"
     ] = Field("gae", description="openrlhf's advantage estimator; only gae trains a critic (the value head)")

@@ -40,12 +40,23 @@ def test_a_change_to_a_methods_own_code_voids_that_methods_rows_only(checkout):
     loop = checkout / "pipelines/loop.py"  # PPO's loop, which no other method runs
     loop.write_text(loop.read_text() + "\n\nSTEPS_CHANGED = 2\n")
     after = prints(checkout)
-    assert {m for m in before if before[m] != after[m]} == {"PPO"}
+    assert {m for m in before if before[m] != after[m]} == {"PPO", "expert iteration"}
     racing = checkout / "pipelines/racing.py"  # how the project's methods race their candidates
     racing.write_text(racing.read_text() + "\n\nRUNG_CHANGED = 2\n")
     changed = {m for m, fp in prints(checkout).items() if fp != before[m]}
-    assert changed == {"best-of-N", "OPRO", "PPO"}
+    assert changed == {"best-of-N", "OPRO", "PPO", "expert iteration"}
     assert L.method_fingerprint("another scorer", "seed") != L.method_fingerprint("scorer", "seed")
+
+
+def test_a_task_setting_added_later_counts_only_when_it_is_not_its_default():
+    from pipelines.config import load_task
+
+    task = load_task("risk")
+    dumped = L.task_settings(task)
+    assert not {"update", "expert_top_k", "expert_epochs"} & dumped["ppo"].keys()  # as records made before them
+    assert dumped == {**task.model_dump(mode="json"), "ppo": dumped["ppo"]}  # everything else is there
+    variant = L.task_settings(task.with_overrides(**{"ppo.update": "expert_iteration"}))
+    assert variant["ppo"]["update"] == "expert_iteration" and variant != dumped
 
 
 @pytest.mark.slow  # the bench's: two probes of the real scorer

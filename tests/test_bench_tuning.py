@@ -90,8 +90,14 @@ def scripted(monkeypatch):
 
     monkeypatch.setattr(ray_scoring, "ScoringPool", Pool)
     monkeypatch.setattr(ray_scoring, "init_ray", lambda: None)
-    monkeypatch.setattr(bench_tuning, "run_method", lambda method, task, splits, budget, plan, seed, options:
-                        done.searches.append((task, seed, method)) or bench_tuning.Outcome(f"{method} {seed}", 1, 0.1))
+    def run_method(method, task, splits, budget, plan, seed, options):
+        # expert iteration runs PPO's search on the task with ppo.update changed (bench.tuning.VARIANTS)
+        if method == "PPO" and task.ppo.update == "expert_iteration":
+            method = "expert iteration"
+        done.searches.append((task, seed, method))
+        return bench_tuning.Outcome(f"{method} {seed}", 1, 0.1)
+
+    monkeypatch.setattr(bench_tuning, "run_method", run_method)
     monkeypatch.setattr(bench_tuning, "probe", lambda *a: ["the probe's outputs"])  # no model load
     monkeypatch.setattr(bench_tuning, "test_figures", lambda task, text: {
         task.scoring.metric: 0.5, "roc_auc": None if task.is_generation else 0.6, "instruction_following": 1.0,
@@ -182,7 +188,7 @@ def test_each_method_has_a_fingerprint_of_its_own_and_a_change_to_its_code_rerun
                                 str(ledger), log=lambda *a: None)
         return [m for _, _, m in scripted.searches]
 
-    assert bench() == ["seed", "best-of-N", "OPRO", "PPO", "dspy copro", "dspy miprov2", "dspy gepa"]
+    assert bench() == ["seed", "best-of-N", "OPRO", "PPO", "expert iteration", "dspy copro", "dspy miprov2", "dspy gepa"]
     records = [json.loads(line) for line in ledger.read_text().splitlines()]
     searches = {r["key"].split("/")[-1]: r for r in records if r["kind"] == "search"}
     assert len({r["fingerprint"] for r in searches.values()}) == len(bench_tuning.METHODS)
@@ -200,9 +206,9 @@ def test_each_method_has_a_fingerprint_of_its_own_and_a_change_to_its_code_rerun
     assert bench() == ["dspy copro", "dspy miprov2", "dspy gepa"]  # only the generation peer's rows run again
     monkeypatch.setattr(bench_ledger, "code_of", lambda unit, root=None: code_of(unit, root)
                         + ("changed" if unit == "pipelines.loop" else ""))
-    assert bench() == ["PPO"]
+    assert bench() == ["PPO", "expert iteration"]
     monkeypatch.setattr(bench_tuning, "probe", lambda *a: ["another scorer output"])
-    assert bench() == ["seed", "best-of-N", "OPRO", "PPO", "dspy copro", "dspy miprov2", "dspy gepa"]
+    assert bench() == ["seed", "best-of-N", "OPRO", "PPO", "expert iteration", "dspy copro", "dspy miprov2", "dspy gepa"]
 
 
 def test_fingerprints_lists_the_scorers_and_each_methods_and_runs_nothing(scripted, monkeypatch, capsys):

@@ -129,6 +129,16 @@ def test_json_output_names_the_command_files_and_ray_address(tmp_path, capsys):
     assert parse_train_ppo_ray_args(report["command"]).rollout.n_samples_per_prompt == 4
 
 
+def test_expert_iteration_is_refused_for_the_cluster_job_before_anything_is_written(tmp_path):
+    from pipelines.config import ConfigError, RunOptions, load_task
+
+    task = load_task("risk").with_overrides(**{"ppo.update": "expert_iteration"})
+    run_dir = tmp_path / "run"
+    with pytest.raises(ConfigError, match="ppo.update .*'expert_iteration'.* set ppo.update to ppo"):
+        cluster_job.prepare_job(task, RunOptions(run_dir=str(run_dir)), dry_run=True, json_output=True)
+    assert not run_dir.exists()
+
+
 def test_without_a_ray_address_and_without_dry_run_it_exits_2_and_writes_nothing(tmp_path, capsys):
     run_dir = tmp_path / "run"
     assert main(["--task", "risk", "--backend", "openrlhf", "--run-dir", str(run_dir)]) == 2

@@ -314,3 +314,71 @@ def test_a_critic_free_estimator_runs_one_step_without_a_value_loss(estimator):
     metrics = learner.step(batch.with_rewards(_reward(batch.texts)))
     assert "train/value_loss" not in metrics
     assert math.isfinite(metrics["train/policy_loss"]) and metrics["train/kl"] == 0.0
+
+
+# --- expert iteration (ppo.update) on a tiny random model ---------------------------------------------
+
+
+def _tiny_learner(**change):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=64, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=128)
+    torch.manual_seed(123)
+    return ppo.PPOLearner(LlamaForCausalLM(config).eval(), _config(**change), group_size=4)
+
+
+def _tiny_batch(rewards, truncated=None):
+    """Rows of one 3-token prompt and 4 sampled tokens each, as ``sample`` lays them out (groups of 4)."""
+    n = len(rewards)
+    generator = torch.Generator().manual_seed(5)
+    sequences = torch.cat([torch.tensor([[1, 2, 3]] * n), torch.randint(4, 64, (n, 4), generator=generator)], dim=1)
+    return ppo.RolloutBatch(
+        prompts=["p"] * n, texts=[f"t{i}" for i in range(n)], sequences=sequences,
+        attention_mask=torch.ones_like(sequences), action_mask=torch.ones(n, 4, dtype=torch.bool),
+        truncated=torch.tensor(truncated or [False] * n), temperature=1.0,
+    ).with_rewards(rewards)
+
+
+def _token_logp(learner, batch):
+    with torch.no_grad():
+        logp, _ = learner._log_probs(batch.sequences, batch.action_mask, batch.attention_mask)
+    return logp.mean(dim=1)
+
+
+def test_expert_iteration_imitates_each_groups_best_samples_above_its_mean_and_nothing_else():
+    learner = _tiny_learner(update="expert_iteration", expert_top_k=2, lr=1e-2, expert_epochs=3)
+    # group 1: mean 1.5, the best two above it are rows 0 and 2; row 1 is above the mean too but third;
+    # group 2: all alike, nothing to learn from; group 3: the best (row 8) ran out of tokens, so row 10 alone
+    batch = _tiny_batch([3, 1.6, 2, 0, 0, 0, 0, 0, 9, 1, 5, 1], truncated=[False] * 8 + [True] + [False] * 3)
+    head = [p.detach().clone() for p in learner.value_head.parameters()]
+    before = _token_logp(learner, batch)
+    metrics = learner.step(batch)
+    gain = _token_logp(learner, batch) - before
+    assert metrics["train/imitated"] == 3.0 and metrics["train/imitated_reward_mean"] == pytest.approx(10 / 3)
+    assert math.isfinite(metrics["train/sft_loss"]) and "train/kl" not in metrics  # no PPO part
+    imitated = [0, 2, 10]
+    assert all(gain[i] > 0 for i in imitated), gain
+    assert gain[imitated].min() > gain[[i for i in range(12) if i not in imitated]].max()
+    assert all(torch.equal(a, b) for a, b in zip(head, learner.value_head.parameters()))  # no critic
+    assert learner.steps_done == 1
+
+
+def test_expert_iteration_with_nothing_above_the_mean_leaves_the_policy_as_it_was():
+    learner = _tiny_learner(update="expert_iteration")
+    lora = [p.detach().clone() for p in learner.lora_params]
+    metrics = learner.step(_tiny_batch([1.0] * 4))
+    assert metrics["train/imitated"] == 0.0 and math.isnan(metrics["train/sft_loss"])
+    assert all(torch.equal(a, b) for a, b in zip(lora, learner.lora_params))
+
+
+def test_expert_iteration_then_ppo_runs_both_parts_in_one_step():
+    learner = _tiny_learner(update="expert_iteration+ppo", advantage_estimator="rloo")
+    metrics = learner.step(_tiny_batch([3, 1, 2, 0]))
+    assert metrics["train/imitated"] == 2.0 and math.isfinite(metrics["train/policy_loss"])
+    assert learner.steps_done == 1
+
+
+def test_expert_iteration_needs_groups_of_two_or_more():
+    with pytest.raises(ValueError, match="ppo.update 'expert_iteration' imitates .* group_size >= 2"):
+        ppo.PPOLearner(model=None, config=_config(update="expert_iteration"), group_size=1)

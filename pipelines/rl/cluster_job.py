@@ -148,6 +148,11 @@ def prepare_job(task: TaskConfig, options: RunOptions, *, dry_run: bool, json_ou
             "--backend openrlhf submits openrlhf's train_ppo_ray to a GPU Ray cluster: pass its job address "
             "with --ray-address http://HEAD:8265, or use --dry-run to write the job's files and print the command"
         )
+    if task.ppo.update != "ppo":
+        raise ConfigError(
+            f"task {task.name!r} sets ppo.update to {task.ppo.update!r}, which openrlhf's train_ppo_ray does not "
+            "run: set ppo.update to ppo for --backend openrlhf, or run the local loop (without --backend)"
+        )
     run_dir = Path(options.run_dir).resolve()
     prompts = meta_prompts(task)
     command = _command(task, options, _pretrain(options.policy_model), len(prompts))

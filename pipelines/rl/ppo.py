@@ -1,4 +1,5 @@
-"""The local policy update: sampling from the policy and PPO on a LoRA adapter, with openrlhf's own code.
+"""The local policy update: sampling from the policy and PPO on a LoRA adapter, with openrlhf's own code, or
+expert iteration (``ppo.update``): a supervised step on each group's best samples, alone or before PPO.
 
 What runs here, and whose code it is:
 
@@ -208,7 +209,9 @@ class PPOLearner:
       to train for several epochs; it learns a value function over frozen features rather than a full critic LM.
     * The model stays in eval mode: no dropout, so the first PPO ratio is exactly 1 (the usual RLHF practice).
     * ``group_size``: samples per prompt, as consecutive rows of every batch; the group estimators take their
-      baseline over each such group.
+      baseline over each such group, and expert iteration picks each group's best samples.
+    * ``config.update``: PPO, expert iteration (``_imitate``: no critic, no ratio, no KL term; the samples it
+      imitates are the policy's own, so the text stays in its distribution), or expert iteration then PPO.
     """
 
     def __init__(self, model, config: PPOConfig, *, group_size: int) -> None:
@@ -217,6 +220,11 @@ class PPOLearner:
             raise ValueError(
                 f"group_size is {group_size}, but advantage_estimator {config.advantage_estimator!r} needs "
                 f"group_size >= {needed} samples per prompt (generation.candidates_per_step in the loop)"
+            )
+        if config.update != "ppo" and group_size < 2:
+            raise ValueError(
+                f"group_size is {group_size}, but ppo.update {config.update!r} imitates the samples above their "
+                "group's mean reward, which needs group_size >= 2 samples per prompt (generation.candidates_per_step)"
             )
         import peft
 
@@ -276,22 +284,67 @@ class PPOLearner:
         self.pending = batch
 
     def step(self, batch: RolloutBatch) -> dict[str, float]:
-        """Score the rollouts (old, reference, values), shape rewards, estimate advantages, then update (after
-        the update a deferred batch is owed, if any)."""
+        """One update on a rewarded batch (a deferred batch first, if one is owed), as ``config.update`` says:
+        PPO (``_ppo``), expert iteration's supervised step (``_imitate``), or the supervised step then PPO."""
         if self.pending is not None:
             owed, self.pending = self.pending, None
             self.step(owed)
-        cfg, orl = self.config, self._orl
         start = time.perf_counter()
         if batch.rewards is None:
             raise ValueError("the batch has no rewards; use batch.with_rewards(...)")
-        seq, attn, amask = batch.sequences, batch.attention_mask, batch.action_mask.bool()
-        n = seq.size(0)
+        n = batch.sequences.size(0)
         if batch.rewards.shape != (n,):
             raise ValueError(f"rewards must have shape ({n},), one per sample; got {tuple(batch.rewards.shape)}")
         if n % self.group_size:
             raise ValueError(f"batch of {n} is not a multiple of group_size={self.group_size} (samples per prompt)")
         self.actor.temperature = batch.temperature  # log-probs of the distribution the sampler drew from
+        metrics = {"train/reward_mean": batch.rewards.float().mean().item(),
+                   "train/response_tokens_mean": batch.action_mask.sum(dim=-1).float().mean().item()}
+        if self.config.update != "ppo":
+            metrics.update(self._imitate(batch))
+        if self.config.update != "expert_iteration":
+            metrics.update(self._ppo(batch))
+        self.steps_done += 1
+        metrics["timing/update_s"] = time.perf_counter() - start
+        return metrics
+
+    def _imitate(self, batch: RolloutBatch) -> dict[str, float]:
+        """Expert iteration's supervised step: raise the log-likelihood of each group's best samples (the highest
+        rewards, at most ``expert_top_k``, each above its group's mean and ended by a stop token), ``expert_epochs``
+        passes of minibatches, the per-token mean negative log-likelihood, AdamW on the adapter. A group whose
+        samples all score alike teaches nothing and is skipped."""
+        cfg = self.config
+        groups = batch.rewards.float().view(-1, self.group_size)
+        chosen = []
+        for g, rewards in enumerate(groups):
+            above = (rewards > rewards.mean()) & ~batch.truncated.view(-1, self.group_size)[g]
+            order = torch.argsort(rewards, descending=True, stable=True)
+            chosen += [g * self.group_size + int(i) for i in order if above[i]][: cfg.expert_top_k]
+        metrics = {"train/imitated": float(len(chosen))}
+        if not chosen:
+            return {**metrics, "train/sft_loss": math.nan}
+        idx = torch.tensor(chosen)
+        seq, attn, amask = batch.sequences[idx], batch.attention_mask[idx], batch.action_mask[idx].bool()
+        shuffle = torch.Generator().manual_seed(cfg.seed + self.steps_done)
+        losses = []
+        for _ in range(cfg.expert_epochs):
+            for part in torch.randperm(len(chosen), generator=shuffle).split(cfg.minibatch_size):
+                logp, _ = self._log_probs(seq[part], amask[part], attn[part])  # with grad
+                loss = -self._orl.masked_mean(logp, amask[part], dim=-1).mean()
+                self.actor_optim.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(self.lora_params, cfg.max_grad_norm)
+                self.actor_optim.step()
+                losses.append(loss.item())
+        return {**metrics, "train/sft_loss": _mean(losses), "train/imitated_reward_mean":
+                batch.rewards[idx].float().mean().item()}
+
+    def _ppo(self, batch: RolloutBatch) -> dict[str, float]:
+        """Score the rollouts (old, reference, values), shape rewards, estimate advantages, then update."""
+        cfg, orl = self.config, self._orl
+        start = time.perf_counter()
+        seq, attn, amask = batch.sequences, batch.attention_mask, batch.action_mask.bool()
+        n = seq.size(0)
 
         # experience: old log-probs (policy), reference log-probs (adapter off) and values, without grad
         with torch.no_grad():
@@ -340,20 +393,16 @@ class PPOLearner:
         # the KL controller sees the rollout KL, as openrlhf's trainer does after each step
         kl_mean = kl_per_sample.mean().item()
         self.kl_ctl.update(kl_mean, n)
-        self.steps_done += 1
         metrics = {
             "train/policy_loss": _mean(stats["policy_loss"]),
             "train/kl": kl_mean,
             "train/kl_coef": kl_coef,
-            "train/reward_mean": batch.rewards.float().mean().item(),
             "train/return_mean": episode_returns.mean().item(),
             "train/advantage_mean": orl.masked_mean(advantages, amask, dim=None).item(),
             "train/clipfrac": _mean(stats["clipfrac"]),
             "train/ppo_kl": _mean(stats["ppo_kl"]),
             "train/grad_norm": _mean(stats["grad_norm"]),
-            "train/response_tokens_mean": amask.sum(dim=-1).float().mean().item(),
             "timing/experience_s": experience_s,
-            "timing/update_s": time.perf_counter() - start,
         }
         if stats["value_loss"]:  # only GAE has a critic
             metrics["train/value_loss"] = _mean(stats["value_loss"])

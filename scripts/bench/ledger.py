@@ -41,6 +41,10 @@ METHOD_CODE: dict[str, tuple[str, ...]] = {
     "OPRO": (*_SEARCH, "bench.opro"),
     "PPO": ("pipelines.generation", "pipelines.racing", "pipelines.choice", "pipelines.loop", "pipelines.rl.ppo",
             "pipelines.rl.shared_prompt", "bench.tuning:run_ppo"),
+    # the same loop and learner with ppo.update expert_iteration (bench.tuning.VARIANTS)
+    "expert iteration": ("pipelines.generation", "pipelines.racing", "pipelines.choice", "pipelines.loop",
+                         "pipelines.rl.ppo", "pipelines.rl.shared_prompt", "bench.tuning:run_ppo",
+                         "bench.tuning:VARIANTS"),
     "DSPy COPRO": ("bench.peers.dspy", "bench.tuning:run_dspy"),
     "DSPy MIPROv2": ("bench.peers.dspy", "bench.tuning:run_dspy"),
     "DSPy GEPA": ("bench.peers.dspy", "bench.tuning:run_dspy"),
@@ -97,6 +101,20 @@ def _digest(*parts) -> str:
     return digest.hexdigest()[:16]
 
 
+# Task settings added after records were made, with the default that does what the code did before they existed.
+# At that default they are left out of the settings, so adding a knob voids no record; set otherwise, they count.
+LATER_SETTINGS = {("ppo", "update"): "ppo", ("ppo", "expert_top_k"): 4, ("ppo", "expert_epochs"): 4}
+
+
+def task_settings(task) -> dict:
+    """The task as a record's settings: its whole configuration, less ``LATER_SETTINGS`` at their defaults."""
+    dumped = task.model_dump(mode="json")
+    for (section, key), default in LATER_SETTINGS.items():
+        if dumped.get(section, {}).get(key, default) == default:
+            dumped.get(section, {}).pop(key, None)
+    return dumped
+
+
 def settings(task, options, budget: int, splits) -> dict:
     """What a record depends on besides code: the task, the budget and split sizes, the models, the dtype they
     compute in and the versions of torch and dspy."""
@@ -108,7 +126,7 @@ def settings(task, options, budget: int, splits) -> dict:
         dspy = importlib.metadata.version("dspy")
     except importlib.metadata.PackageNotFoundError:
         dspy = None
-    return {"task": task.model_dump(mode="json"), "budget": budget, "steps": options.steps,
+    return {"task": task_settings(task), "budget": budget, "steps": options.steps,
             "dev_examples": options.dev_examples, "splits": [len(splits.train), len(splits.dev), len(splits.test)],
             "target": str(options.target), "judge": str(options.judge), "policy": options.policy_model,
             "scorers": options.num_scorers, "dtype": default_dtype(), "torch": torch.__version__, "dspy": dspy}
@@ -159,7 +177,7 @@ def scorer_fingerprint(run_settings: dict, probe_outputs: list) -> str:
 
 
 def code_of(unit: str, root: Path | None = None) -> str:
-    """One unit of ``METHOD_CODE`` (``module`` or ``module:function``) as a syntax tree dump: comments,
+    """One unit of ``METHOD_CODE`` (``module``, or ``module:name`` of a function, class or assignment) as a syntax tree dump: comments,
     docstrings, blank lines and layout do not change it. The source is read, not imported (a peer's library may
     be missing); ``root``: read it from this copy of the checkout instead (tests)."""
     module_name, _, function = unit.partition(":")
@@ -168,7 +186,8 @@ def code_of(unit: str, root: Path | None = None) -> str:
         path = root / path.relative_to(REPO)
     tree: ast.AST = ast.parse(path.read_text())
     if function:
-        tree = next(node for node in tree.body if getattr(node, "name", None) == function)
+        tree = next(node for node in tree.body if getattr(node, "name", None) == function  # a def or a class
+                    or any(getattr(target, "id", None) == function for target in getattr(node, "targets", ())))
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
         if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)

@@ -9,6 +9,8 @@ evaluated on the task's test split, which no method reads, under the task's prod
   * OPRO       the same rounds, but each meta-prompt shows the best instructions so far with their rewards
                (`bench.opro.history_meta_prompt`), the untrained policy writing;
   * PPO        `pipelines.loop.tune` with the budget (`--max-target-calls`): as many steps as it pays for;
+  * expert iteration  the same loop with `ppo.update: expert_iteration`: each step a supervised update on the
+               group's best samples instead of PPO's;
   * DSPy COPRO, DSPy MIPROv2, DSPy GEPA: the dspy library's optimizers as shipped, instruction only and zero
                demos, through `bench.peers.dspy` (an adapter to the in-process target model, prompted and parsed
                as here; the proposer is the same untrained policy model; GEPA's reflection reads each example's
@@ -68,8 +70,10 @@ from bench.ledger import Ledger, method_fingerprint, probe, scorer_fingerprint, 
 from pipelines.cli import quiet_libraries
 from pipelines.cli_output import table
 
-METHODS = ("seed", "best-of-N", "OPRO", "PPO", "DSPy COPRO", "DSPy MIPROv2", "DSPy GEPA")
+METHODS = ("seed", "best-of-N", "OPRO", "PPO", "expert iteration", "DSPy COPRO", "DSPy MIPROv2", "DSPy GEPA")
 DSPY_OPTIMIZERS = {"DSPy COPRO": "copro", "DSPy MIPROv2": "miprov2", "DSPy GEPA": "gepa"}
+# Methods that are another method's search on a variant of the task: (that method, the task settings it changes).
+VARIANTS = {"expert iteration": ("PPO", {"ppo.update": "expert_iteration"})}
 QUICK_TASK = str(REPO / "tests" / "data" / "risk_small.yaml")
 
 
@@ -355,7 +359,9 @@ def bench_task(name: str, seeds: list[int], budget: int | None, options, test_ex
                     outcome = run_dspy_generation(task, splits, optimizer, budget, seed, options.target,
                                                   options.policy_model)
                 else:
-                    outcome = run_method(method, task, splits, budget, plan, seed, options)
+                    runs, changes = VARIANTS.get(method, (method, {}))
+                    outcome = run_method(runs, task.with_overrides(**changes) if changes else task, splits, budget,
+                                         plan, seed, options)
                 if outcome.template is not None:  # "not run" is not recorded: a run with the extra fills it in
                     store.add(key, kind="search", **asdict(outcome))
             else:
