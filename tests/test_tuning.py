@@ -153,6 +153,23 @@ def test_stop_after_ends_the_run_early_reports_what_ran_and_writes_no_store(stop
         assert report["choice"] is None and "the choice" not in out
 
 
+@pytest.mark.slow
+def test_expert_iteration_runs_in_the_loop_and_its_steps_report_what_they_imitated(tmp_path, capsys, ray_session):
+    """ppo.update: expert_iteration, set in a task file: the same loop, a supervised update instead of PPO's."""
+    text = Path(SMALL_TASK).read_text().replace("ppo: {minibatch_size: 4, ppo_epochs: 1}",
+                                                "ppo: {minibatch_size: 4, ppo_epochs: 1, update: expert_iteration}")
+    assert "update: expert_iteration" in text
+    task_file = tmp_path / "risk_small_expert_iteration.yaml"  # its data comes from a package, not a path
+    task_file.write_text(text)
+    run_dir = tmp_path / "run"
+    code = main(["--task", str(task_file), "--steps", "2", "--dev-examples", "0", "--stop-after", "steps",
+                 "--run-dir", str(run_dir)])
+    assert code == 0, capsys.readouterr().out
+    first, last = json.loads((run_dir / "report.json").read_text())["history"]
+    assert 0 <= first["train/imitated"] <= 4 and "train/kl" not in first and "train/policy_loss" not in first
+    assert "train/imitated" not in last  # the last step's update is deferred, as PPO's is
+
+
 @pytest.mark.e2e
 def test_a_dead_scoring_actor_is_replaced_and_the_step_completes(ray_session):
     import ray

@@ -1,6 +1,7 @@
 """Does the policy learn? The mean sampled reward and the feasible fraction, first step against last, over seeds.
 
     .venv/bin/python -m bench.learning --tasks risk sentiment --seeds 0 1 2 --steps 8
+    .venv/bin/python -m bench.learning --update expert_iteration   # the same runs with expert iteration
 
 Each (task, seed) is one tuning run of ``--steps`` steps with the task's own settings (``tune`` with
 ``stop_after="steps"``: the steps only, no choice, test, gate or store), recorded as one JSON line in ``--ledger`` (a rerun skips what the
@@ -45,18 +46,18 @@ def machine() -> str:
     return f"{name}, {os.cpu_count()} cores{', AVX-512 BF16' if bf16 else ', no AVX-512 BF16'}, {default_dtype()}"
 
 
-def run(task_name: str, seed: int, steps: int) -> dict:
+def run(task_name: str, seed: int, steps: int, update: str = "ppo") -> dict:
     from pipelines.config import RunOptions, load_task
     from pipelines.loop import tune
 
     task = load_task(task_name)
-    task = task.with_overrides(**{"ppo.seed": seed})
+    task = task.with_overrides(**{"ppo.seed": seed, "ppo.update": update})
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         report = tune(task, RunOptions(steps=steps, run_dir=str(Path(tmp) / "run"), store_url=None, progress=False,
                                        stop_after="steps"), log=lambda *a: print(*a, file=sys.stderr))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    return {"task": task_name, "seed": seed, "steps": steps, "wall_s": round(time.perf_counter() - started, 1),
+    return {"task": task_name, "seed": seed, "steps": steps, "update": update, "wall_s": round(time.perf_counter() - started, 1),
             "machine": machine(), "commit": commit, "learning": report["learning"]}
 
 
@@ -74,7 +75,7 @@ def difference(records: list[dict], key: str, n_boot: int = 5000, seed: int = 0)
     return point, float(np.quantile(boots, 0.025)), float(np.quantile(boots, 0.975))
 
 
-def plot(task: str, records: list[dict]) -> Path | None:
+def plot(task: str, records: list[dict], update: str = "ppo") -> Path | None:
     try:
         import matplotlib
 
@@ -88,12 +89,12 @@ def plot(task: str, records: list[dict]) -> Path | None:
         steps = [row["step"] for row in r["learning"]]
         axes[0].plot(steps, [row["mean_reward"] for row in r["learning"]], marker="o", label=f"seed {r['seed']}")
         axes[1].plot(steps, [row["feasible_fraction"] for row in r["learning"]], marker="o", label=f"seed {r['seed']}")
-    axes[0].set(title=f"{task}: mean sampled reward", xlabel="step")
+    axes[0].set(title=f"{task} ({update}): mean sampled reward", xlabel="step")
     axes[1].set(title=f"{task}: feasible fraction of the samples", xlabel="step", ylim=(-0.02, 1.02))
     axes[0].legend()
     fig.suptitle(records[0]["machine"], fontsize=8)
     fig.tight_layout()
-    path = RESULTS / f"learning_{task}.png"
+    path = RESULTS / f"learning{records[0]['steps']}_{task}{'' if update == 'ppo' else '_' + update}.png"
     fig.savefig(path, dpi=110)
     return path
 
@@ -105,6 +106,8 @@ def main(argv=None) -> int:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--ledger", type=Path, default=RESULTS / "bench_learning.jsonl")
+    parser.add_argument("--update", default="ppo", choices=["ppo", "expert_iteration", "expert_iteration+ppo"],
+                        help="the policy update (the task's ppo.update): PPO, expert iteration, or both")
     parser.add_argument("--plot", action="store_true", help="draw the curves (needs matplotlib)")
     args = parser.parse_args(argv)
     if args.steps < 2:
@@ -115,15 +118,18 @@ def main(argv=None) -> int:
         done = [json.loads(line) for line in args.ledger.read_text().splitlines() if line.strip()]
     for task in args.tasks:
         for seed in args.seeds:
-            if any(r["task"] == task and r["seed"] == seed and r["steps"] == args.steps for r in done):
+            if any(r["task"] == task and r["seed"] == seed and r["steps"] == args.steps
+                   and r.get("update", "ppo") == args.update for r in done):
                 continue
-            record = run(task, seed, args.steps)
+            record = run(task, seed, args.steps, args.update)
             with args.ledger.open("a") as f:
                 f.write(json.dumps(record) + "\n")
             done.append(record)
-    print(f"last step minus first step, mean over seeds [95% interval over samples]; {args.steps} steps")
+    print(f"last step minus first step, mean over seeds [95% interval over samples]; {args.steps} steps, "
+          f"update {args.update}")
     for task in args.tasks:
-        records = [r for r in done if r["task"] == task and r["steps"] == args.steps and r["seed"] in args.seeds]
+        records = [r for r in done if r["task"] == task and r["steps"] == args.steps and r["seed"] in args.seeds
+                   and r.get("update", "ppo") == args.update]
         if not records:
             continue
         reward = difference(records, "rewards")
@@ -137,7 +143,7 @@ def main(argv=None) -> int:
             feas = " ".join(f"{row['feasible_fraction']:.2f}" for row in r["learning"])
             print(f"    seed {r['seed']}: reward by step {curve}; feasible {feas}")
         if args.plot:
-            path = plot(task, records)
+            path = plot(task, records, args.update)
             if path:
                 print(f"    plot: {path}")
     return 0
