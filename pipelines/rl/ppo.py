@@ -313,8 +313,9 @@ class PPOLearner:
         rewards, at most ``expert_top_k``, each above its group's mean and ended by a stop token), ``expert_epochs``
         passes of minibatches, the per-token mean negative log-likelihood, AdamW on the adapter. A group whose
         samples all score alike teaches nothing and is skipped."""
-        cfg = self.config
-        groups = batch.rewards.float().view(-1, self.group_size)
+        cfg, rewarded = self.config, batch.rewards
+        assert rewarded is not None  # step() refused a batch without rewards
+        groups = rewarded.float().view(-1, self.group_size)
         chosen = []
         for g, rewards in enumerate(groups):
             above = (rewards > rewards.mean()) & ~batch.truncated.view(-1, self.group_size)[g]
@@ -337,7 +338,7 @@ class PPOLearner:
                 self.actor_optim.step()
                 losses.append(loss.item())
         return {**metrics, "train/sft_loss": _mean(losses), "train/imitated_reward_mean":
-                batch.rewards[idx].float().mean().item()}
+                rewarded[idx].float().mean().item()}
 
     def _ppo(self, batch: RolloutBatch) -> dict[str, float]:
         """Score the rollouts (old, reference, values), shape rewards, estimate advantages, then update."""
