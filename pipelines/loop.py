@@ -178,8 +178,14 @@ def _run(task, options, pool, learner, tokenizer, tracker, state: LoopState, run
                 break
         rows, scalars = train_step(task, pool, learner, tokenizer, state, step, last=step == options.steps - 1)
         tracker.log_step(state.step, scalars, rows)
-        _save_checkpoint(run_dir, learner, state)
         steps.set_postfix(reward=f"{scalars['reward/total/mean']:.3f}", best=f"{state.leaderboard[0]['total_reward']:.3f}")
+        if not scalars["train/new_fraction"] and step < options.steps - 1:  # nothing new to score or learn from
+            state.stopped = f"collapsed: step {step + 1} drew only instructions drawn before"
+            log(f"stopping after step {step + 1} of {options.steps}: the policy drew only instructions it had drawn "
+                "before, so more steps would find nothing new; choosing among what it found")
+        _save_checkpoint(run_dir, learner, state)
+        if state.stopped:
+            break
     steps.close()
     if options.stop_after == "steps":  # --stop-after steps: a study of the learning needs no more
         _save_checkpoint(run_dir, learner, state)
@@ -286,6 +292,8 @@ def train_step(task: TaskConfig, pool, learner, tokenizer, state: LoopState, ste
     timing["timing/update_s"] = time.perf_counter() - t
     # 5. keep the best candidates seen so far (of those that finished the race)
     rows = [{**_row(task, step + 1, s), "finished_race": done} for s, done in zip(scored, finished)]
+    drawn = {row["instruction"] for row in state.candidates}
+    new = {row["instruction"] for row in rows} - drawn  # instructions no earlier step drew
     sampled = [_sampled(task, s) for s in scored]  # what the policy was rewarded with, alike for every sample
     state.leaderboard = _update_leaderboard(state.leaderboard, [row for row in rows if row["finished_race"]])
     state.candidates += [{k: v for k, v in row.items() if k not in ("template", "samples")} for row in rows]
@@ -295,6 +303,7 @@ def train_step(task: TaskConfig, pool, learner, tokenizer, state: LoopState, ste
     scalars = {**_reward_means(sampled, task.component_names), **{k: v for k, v in train.items() if k.startswith("train/")},
                **timing, "train/valid_fraction": sum(r["valid"] for r in rows) / len(rows),
                "train/feasible_fraction": sum(meets_bars(task, r, measured_only=True) for r in sampled) / len(rows),
+               "train/new_fraction": len(new) / len(rows),
                "train/best_reward": state.leaderboard[0]["total_reward"], "train/target_calls": state.spent()["target"].calls,
                **{f"usage/{role}/{k}": v for role, u in usage.items() for k, v in u.as_dict().items()}}
     state.history.append(scalars)

@@ -40,11 +40,11 @@ METHOD_CODE: dict[str, tuple[str, ...]] = {
     "best-of-N": _SEARCH,
     "OPRO": (*_SEARCH, "bench.opro"),
     "PPO": ("pipelines.generation", "pipelines.racing", "pipelines.choice", "pipelines.loop", "pipelines.rl.ppo",
-            "pipelines.rl.shared_prompt", "bench.tuning:run_ppo"),
+            "pipelines.rl.shared_prompt", "bench.tuning:run_ppo", "bench.tuning:MAX_STEPS"),
     # the same loop and learner with ppo.update expert_iteration (bench.tuning.VARIANTS)
     "expert iteration": ("pipelines.generation", "pipelines.racing", "pipelines.choice", "pipelines.loop",
                          "pipelines.rl.ppo", "pipelines.rl.shared_prompt", "bench.tuning:run_ppo",
-                         "bench.tuning:VARIANTS"),
+                         "bench.tuning:MAX_STEPS", "bench.tuning:VARIANTS"),
     "DSPy COPRO": ("bench.peers.dspy", "bench.tuning:run_dspy"),
     "DSPy MIPROv2": ("bench.peers.dspy", "bench.tuning:run_dspy"),
     "DSPy GEPA": ("bench.peers.dspy", "bench.tuning:run_dspy"),

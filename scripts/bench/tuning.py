@@ -75,6 +75,9 @@ DSPY_OPTIMIZERS = {"DSPy COPRO": "copro", "DSPy MIPROv2": "miprov2", "DSPy GEPA"
 # Methods that are another method's search on a variant of the task: (that method, the task settings it changes).
 VARIANTS = {"expert iteration": ("PPO", {"ppo.update": "expert_iteration"})}
 QUICK_TASK = str(REPO / "tests" / "data" / "risk_small.yaml")
+# The loop's steps stop at the budget (PPO's runs pay for 3 to 5 steps at full price) or at this many, whichever
+# comes first: a policy that draws instructions it drew before spends few calls a step, and this bounds its time.
+MAX_STEPS = 12
 
 
 @dataclass
@@ -173,7 +176,7 @@ def run_ppo(task, budget: int, plan, options) -> Outcome:
     test_calls = plan.phases["test"]["target"].calls
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        report = tune(task, replace(options, steps=1000, max_target_calls=budget + test_calls, stop_after="choice",
+        report = tune(task, replace(options, steps=MAX_STEPS, max_target_calls=budget + test_calls, stop_after="choice",
                                     run_dir=str(Path(tmp) / "run"), store_url=None),
                       log=lambda *a: print(*a, file=sys.stderr))
     phases = report["usage"]["phases"]
