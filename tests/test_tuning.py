@@ -170,6 +170,26 @@ def test_expert_iteration_runs_in_the_loop_and_its_steps_report_what_they_imitat
     assert "train/imitated" not in last  # the last step's update is deferred, as PPO's is
 
 
+@pytest.mark.slow
+def test_a_policy_that_draws_only_what_it_drew_before_ends_the_steps_and_says_so(tmp_path, capsys, ray_session):
+    """Near-greedy sampling (temperature 0.01) draws one instruction again and again: the second step finds
+    nothing new, so the run does not spend its third step; it chooses among what it found."""
+    text = Path(SMALL_TASK).read_text().replace("generation: {candidates_per_step: 4}",
+                                                "generation: {candidates_per_step: 4, temperature: 0.01}")
+    assert "temperature: 0.01" in text
+    task_file = tmp_path / "risk_small_greedy.yaml"
+    task_file.write_text(text)
+    run_dir = tmp_path / "run"
+    code = main(["--task", str(task_file), "--steps", "3", "--dev-examples", "0", "--stop-after", "steps",
+                 "--run-dir", str(run_dir)])
+    out = capsys.readouterr()
+    assert code == 0, out.out
+    report = json.loads((run_dir / "report.json").read_text())
+    assert [h["train/new_fraction"] for h in report["history"]] == [0.25, 0.0]  # 1 of 4 samples new, then none
+    assert report["steps"] == 2 and report["stopped"] == "collapsed: step 2 drew only instructions drawn before"
+    assert "stopping after step 2 of 3: the policy drew only instructions it had drawn before" in out.out + out.err
+
+
 @pytest.mark.e2e
 def test_a_dead_scoring_actor_is_replaced_and_the_step_completes(ray_session):
     import ray
