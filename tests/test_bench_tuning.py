@@ -167,6 +167,9 @@ def test_a_bad_set_exits_2_with_one_line_and_runs_nothing(setting, message, tmp_
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0] and not ledger.exists()
 
 
+EVERY_SEARCH = ["seed", "best-of-N", "OPRO", "PPO", "expert iteration", "dspy copro", "dspy miprov2", "dspy gepa"]
+
+
 def test_each_method_has_a_fingerprint_of_its_own_and_a_change_to_its_code_reruns_only_its_searches(
         tmp_path, scripted, monkeypatch):
     """Searches are recorded under their method's fingerprint (the scorer's plus the method's own code), tests under
@@ -188,7 +191,7 @@ def test_each_method_has_a_fingerprint_of_its_own_and_a_change_to_its_code_rerun
                                 str(ledger), log=lambda *a: None)
         return [m for _, _, m in scripted.searches]
 
-    assert bench() == ["seed", "best-of-N", "OPRO", "PPO", "expert iteration", "dspy copro", "dspy miprov2", "dspy gepa"]
+    assert bench() == EVERY_SEARCH
     records = [json.loads(line) for line in ledger.read_text().splitlines()]
     searches = {r["key"].split("/")[-1]: r for r in records if r["kind"] == "search"}
     assert len({r["fingerprint"] for r in searches.values()}) == len(bench_tuning.METHODS)
@@ -208,7 +211,7 @@ def test_each_method_has_a_fingerprint_of_its_own_and_a_change_to_its_code_rerun
                         + ("changed" if unit == "pipelines.loop" else ""))
     assert bench() == ["PPO", "expert iteration"]
     monkeypatch.setattr(bench_tuning, "probe", lambda *a: ["another scorer output"])
-    assert bench() == ["seed", "best-of-N", "OPRO", "PPO", "expert iteration", "dspy copro", "dspy miprov2", "dspy gepa"]
+    assert bench() == EVERY_SEARCH
 
 
 def test_fingerprints_lists_the_scorers_and_each_methods_and_runs_nothing(scripted, monkeypatch, capsys):

@@ -57,7 +57,8 @@ def run(task_name: str, seed: int, steps: int, update: str = "ppo") -> dict:
         report = tune(task, RunOptions(steps=steps, run_dir=str(Path(tmp) / "run"), store_url=None, progress=False,
                                        stop_after="steps"), log=lambda *a: print(*a, file=sys.stderr))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    return {"task": task_name, "seed": seed, "steps": steps, "update": update, "wall_s": round(time.perf_counter() - started, 1),
+    return {"task": task_name, "seed": seed, "steps": steps, "update": update,
+            "wall_s": round(time.perf_counter() - started, 1),
             "machine": machine(), "commit": commit, "learning": report["learning"]}
 
 

@@ -177,8 +177,8 @@ def scorer_fingerprint(run_settings: dict, probe_outputs: list) -> str:
 
 
 def code_of(unit: str, root: Path | None = None) -> str:
-    """One unit of ``METHOD_CODE`` (``module``, or ``module:name`` of a function, class or assignment) as a syntax tree dump: comments,
-    docstrings, blank lines and layout do not change it. The source is read, not imported (a peer's library may
+    """One unit of ``METHOD_CODE`` (``module``, or ``module:name`` of a function, class or assignment) as a
+    syntax tree dump: comments, docstrings, blank lines and layout do not change it. The source is read, not imported (a peer's library may
     be missing); ``root``: read it from this copy of the checkout instead (tests)."""
     module_name, _, function = unit.partition(":")
     path = Path(importlib.util.find_spec(module_name).origin)
