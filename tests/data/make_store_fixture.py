@@ -1,6 +1,7 @@
 """Make tests/data/store_fixture_main.sqlite: a small template store written by the store code of its day.
 
-Run once, from the repository root, and commit the file it writes:
+Run once, with the project installed (``pip install -e .``, as scripts/setup.sh does), and commit the file it
+writes:
 
     python tests/data/make_store_fixture.py
 
@@ -17,15 +18,12 @@ What it holds, all through the public store API (the test checks these values):
 * task ``spam``: one seed version, forced to production.
 """
 
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from templates.decision import DecisionRule  # noqa: E402
-from templates.gate import Decision  # noqa: E402
-from templates.store import TemplateStore  # noqa: E402
-from templates.template import Constraint, Template  # noqa: E402
+from templates.decision import DecisionRule
+from templates.gate import Decision
+from templates.store import TemplateStore
+from templates.template import Constraint, Template
 
 OUT = Path(__file__).with_name("store_fixture_main.sqlite")
 RULE = DecisionRule("calibrated", ("risky", "safe"), ("yes", "no"), positive="risky", threshold=0.5)
