@@ -1,5 +1,9 @@
 """The versioned store on real SQLite files and a real PostgreSQL server (the ``backend`` fixture in
-conftest.py), with real processes for concurrency and crashes."""
+conftest.py), with real processes for concurrency and crashes.
+
+The module is long because every test here runs on both back ends through one fixture, and the store's
+guarantees (append-only versions, labels, A/B shares, rollback, concurrent writers, a crash mid-write) are
+checked against the same public API; the on-disk format has its own file (test_store_fixture.py)."""
 
 import os
 import re

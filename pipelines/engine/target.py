@@ -40,12 +40,10 @@ model identical token ids. In float32 they agree to about 1e-4. In bfloat16, pac
 matrix products and so their rounding, and the naive path's logits are themselves rounded to bfloat16 (this
 path projects onto the label rows in float32): scores differ by up to about 0.3 in log-odds (see the tests).
 
-The module is long because it holds the steps those savings take (prefix sharing and reuse, batching,
-threads) next to the one ``score`` call they serve, and transformers' packed-attention path for the models
-the written-out pass does not cover; the layout, the written-out pass and the cache are modules of their own.
-
-The module is long because the fast path (shared prefixes, packed rows, the per-thread split, the cache) must
-compute exactly what ``score_naive`` does, and the two are easiest to keep equal when read side by side.
+The module is long because the fast path (prefix sharing and reuse, packed rows, the per-thread split, and
+transformers' packed-attention path for the models the written-out pass does not cover) must compute exactly
+what ``score_naive`` does, and the two are easiest to keep equal when read side by side; the layout, the
+written-out pass and the cache are modules of their own.
 """
 
 from __future__ import annotations

@@ -22,6 +22,9 @@ one call each against one batch. Every message the load sends is new (a counter 
 
 Figures go to stdout (and ``--json``); name the CPU and dtype next to them. The deadline is the gateway's default
 (350 ms); 504s are reported, not hidden. Clients, proxy, replicas and writer share the machine's cores.
+
+The module is long because the load, the writer, the torn-read check and the hostile requests run against the
+same gateways at the same time, and each check reads the others' logs; it is one experiment, read top to bottom.
 """
 
 from __future__ import annotations

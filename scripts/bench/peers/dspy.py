@@ -36,6 +36,9 @@ prompt model per proposal) holds the counts. The budget is kept two ways: the se
 most calls fit in it (the formulas are in ``copro_settings``, ``miprov2_settings`` and ``gepa_settings``), and
 a call that would pass it raises ``BudgetExceeded`` before it runs; then ``optimize`` keeps the best instruction
 that was measured on every evaluation example (DSPy gives back no result from a run cut short) and says so in ``note``.
+
+The module is long because the three optimizers share the two ends and the call ledger above, and each needs its
+settings sized to the budget; one file keeps what a peer row is given, and how it is counted, in one place.
 """
 
 from __future__ import annotations
