@@ -11,9 +11,11 @@ a change to what scoring asks is priced without touching this file. What it cann
 * how long the answers are. Completion tokens are priced at the task's limit (``answer.max_new_tokens``);
   real answers stop earlier, so token figures are an upper bound.
 
-Local models and servers differ in one place: a local float32 answer reads the label log-probs in the same pass
-(one call); a server returns either an answer or log-probs, and a local bfloat16 model scores the labels in a pass
-of its own (``LabelScorer._greedy``): two calls. ``CountingModel(served=..., labels_with_answers=...)`` follows.
+Local models and servers differ in one place: a local answer reads the label log-probs in the same pass (one
+call) on the packed Llama path in every dtype, and on transformers' path in float32; a server returns either an
+answer or log-probs, and a local bfloat16 model off the packed path scores the labels in a pass of its own
+(``LabelScorer._greedy``): two calls. ``CountingModel(served=..., labels_with_answers=...)`` follows, with
+``pipelines.engine.target.answers_give_label_rows`` read from the model's configuration.
 
 ``Budget`` caps the target's calls and the target's and the judge's tokens (what servers bill). Before each
 step the loop asks ``Plan.affords``: the calls spent so far, plus one more step, plus the selection and the
@@ -245,11 +247,14 @@ def counting_models(task: TaskConfig, tokenizer, target: ModelSource, judge: Mod
     from pipelines.scoring import scorer_words
     from rewards.judge import JUDGE_VERBALIZERS
 
-    from pipelines.engine.models import default_dtype
+    from pipelines.engine.models import default_dtype, load_config
+    from pipelines.engine.target import answers_give_label_rows
 
     served = isinstance(target, Endpoint)
+    labels_with_answers = False if isinstance(target, Endpoint) else answers_give_label_rows(load_config(target),
+                                                                                             default_dtype())
     target_model = CountingModel(scorer_words(task), tokenizer, chat_template=task.template.chat_template, served=served,
-                                 labels_with_answers=not served and default_dtype() == "float32")
+                                 labels_with_answers=labels_with_answers)
     judge_served = isinstance(judge, Endpoint) if judge is not None else served
     judge_tokenizer = tokenizer if judge is None or judge == target else scoring_tokenizer(judge)
     judge_model = CountingModel(list(JUDGE_VERBALIZERS), judge_tokenizer, chat_template=True, served=judge_served)

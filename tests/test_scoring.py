@@ -239,6 +239,23 @@ def test_packed_llama_declines_what_it_does_not_cover():
     assert "plain torch.nn.Linear" in unsupported_reason(adapted)
 
 
+def test_the_budget_can_tell_from_a_config_whether_an_answer_scores_its_labels():
+    """The rule the budget's stand-ins price by (``answers_give_label_rows``), read from a configuration alone:
+    the packed Llama pass gives the label log-probs with the answer in every dtype; transformers' path only in
+    float32; a model the packed pass does not cover, in float32 only."""
+    from transformers import GPT2Config, LlamaConfig
+
+    from pipelines.engine.target import answers_give_label_rows
+
+    llama = LlamaConfig(vocab_size=64, hidden_size=48, intermediate_size=96, num_hidden_layers=3,
+                        num_attention_heads=6, num_key_value_heads=2)
+    assert answers_give_label_rows(llama, "bfloat16") and answers_give_label_rows(llama, "float32")
+    assert not answers_give_label_rows(llama, "bfloat16", packed_llama=False)
+    assert answers_give_label_rows(llama, "float32", packed_llama=False)
+    for other in (LlamaConfig(mlp_bias=True), GPT2Config()):
+        assert not answers_give_label_rows(other, "bfloat16") and answers_give_label_rows(other, "float32")
+
+
 # ---- with the real model ------------------------------------------------------------------------
 
 
@@ -435,3 +452,22 @@ def test_the_shortfall_counts_a_prompt_predicted_too_slow_for_the_latency_bar():
     # with the rates: both shortfalls add up
     assert shortfall(Measured(template="x {text}", valid=True, rates={"instruction_following": (72, 100)},
                               prompt_ratio=1.225)) == pytest.approx(-0.2)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("packed_llama", [True, False], ids=["packed-llama", "transformers-forward"])
+def test_an_answered_pair_is_scored_for_free_exactly_when_the_budget_prices_it_so(risk, lm, packed_llama):
+    """The scorer charges a call for ``score`` after ``answer`` on the same pairs exactly when the rule the budget
+    prices by says the answer's pass did not give the labels (the embedded model, this machine's dtype)."""
+    from pipelines.engine.models import EMBEDDED, default_dtype, load_config
+    from pipelines.engine.target import LabelScorer, answers_give_label_rows
+
+    task, splits = risk
+    texts = [e.text for e in splits.dev[:4]]
+    scorer = LabelScorer(lm, ["yes", "no"], packed_llama=packed_llama)
+    predicted = answers_give_label_rows(load_config(EMBEDDED), default_dtype(), packed_llama=packed_llama)
+    assert scorer.labels_with_answers == predicted
+    scorer.answer(task.seed_template(), texts, 2)
+    before = scorer.usage.calls
+    scorer.score(task.seed_template(), texts)
+    assert scorer.usage.calls - before == (0 if predicted else len(texts))

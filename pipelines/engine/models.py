@@ -188,6 +188,17 @@ def load_causal_lm(
     return LoadedLM(model=model, tokenizer=tokenizer, name=spec)
 
 
+def load_config(spec: str = EMBEDDED):
+    """Only the model's configuration (architecture, activation, ...), without its weights."""
+    from transformers import AutoConfig
+
+    path = embedded_model_dir() if spec == EMBEDDED else spec
+    try:
+        return AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot load the configuration of {spec!r}: {exc}") from None
+
+
 def load_tokenizer(spec: str | None = None):
     """Only the tokenizer (for rendering with a chat template, or counting tokens)."""
     from transformers import AutoTokenizer

@@ -40,17 +40,26 @@ def decoder_of(model):
     return model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
 
 
-def unsupported_reason(model) -> str | None:
-    """None if ``PackedLlama`` can run ``model``; otherwise why not."""
-    config = model.config
-    if next(model.parameters()).device.type != "cpu":
-        return "written for CPU; on an accelerator transformers' own kernels serve"
+def config_unsupported_reason(config) -> str | None:
+    """None if a model of this configuration (a transformers ``PretrainedConfig``) is one ``PackedLlama`` is
+    written for; otherwise why not. What can be told before loading the weights (``unsupported_reason`` checks the
+    loaded model)."""
     if getattr(config, "model_type", None) != "llama":
         return f"model type {getattr(config, 'model_type', None)!r} is not llama"
     if getattr(config, "hidden_act", None) != "silu":
         return f"activation {config.hidden_act!r} is not silu"
     if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
         return "projections with bias"
+    return None
+
+
+def unsupported_reason(model) -> str | None:
+    """None if ``PackedLlama`` can run ``model``; otherwise why not."""
+    if next(model.parameters()).device.type != "cpu":
+        return "written for CPU; on an accelerator transformers' own kernels serve"
+    reason = config_unsupported_reason(model.config)
+    if reason is not None:
+        return reason
     body = decoder_of(model)
     needed = ("embed_tokens", "rotary_emb", "norm", "layers")
     if body is None or not all(hasattr(body, name) for name in needed):

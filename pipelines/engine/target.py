@@ -60,7 +60,7 @@ import torch
 
 from pipelines.engine.answers import Answer, AnswerCache
 from pipelines.engine.models import LoadedLM, ModelLoadError
-from pipelines.engine.packed_llama import PackedLlama, decoder_of, unsupported_reason
+from pipelines.engine.packed_llama import PackedLlama, config_unsupported_reason, decoder_of, unsupported_reason
 from pipelines.engine.packing import Packing
 from pipelines.engine.pair_cache import PairCache
 from pipelines.engine.usage import Usage
@@ -147,6 +147,14 @@ def prompt_frame(tokenizer, template: Template, chat_template: bool) -> tuple[st
     return before, after
 
 
+def answers_give_label_rows(config, dtype: str, packed_llama: bool = True) -> bool:
+    """Whether ``LabelScorer.answer``'s pass over a prompt also gives the label log-probs ``score`` would compute
+    (cached, so a pair answered first is scored at no further call): on the packed Llama path in every dtype, on
+    transformers' path in float32 only. ``config``: the model's (``pipelines.engine.models.load_config``), so the
+    budget's stand-ins can tell before the model is loaded; a CPU model, as every local model here is."""
+    return dtype == "float32" or (packed_llama and config_unsupported_reason(config) is None)
+
+
 @torch.inference_mode()
 def score_naive(lm: LoadedLM, template: Template, texts: list[str], verbalizers: list[str], chat_template: bool = True):
     """Reference scorer: one forward pass per pair over the whole prompt, full-vocabulary logits."""
@@ -210,6 +218,8 @@ class LabelScorer:
         self._n_layers = model.config.num_hidden_layers
         # The written-out forward pass where the architecture allows it (and unless asked not to).
         self._packed = _packed_llama(model) if packed_llama and unsupported_reason(model) is None else None
+        # an answer's pass scored its pair's labels too (``answers_give_label_rows`` predicts this from the config)
+        self.labels_with_answers = self._packed is not None or self._rows_from_answers
         self._prefixes: dict[tuple[int, ...], list[torch.Tensor]] = {}  # recent prefixes' rows (packed path)
         self._keep_prefixes = 8  # how many recent prefixes' rows are kept
 
@@ -320,7 +330,7 @@ class LabelScorer:
                 answers.update(answering.answers)
             else:
                 answers.update(self._greedy(template, texts, suffixes, prefix_ids_, max_new_tokens, complete))
-        if self._packed is not None or self._rows_from_answers:
+        if self.labels_with_answers:
             self.stats.pairs_scored += len(texts)  # the prompt's pass scored the labels too
         self.stats.answers_generated += len(texts)
         self.stats.answer_tokens += sum(a.tokens for a in answers.values())
