@@ -59,6 +59,25 @@ def test_a_task_setting_added_later_counts_only_when_it_is_not_its_default():
     assert variant["ppo"]["update"] == "expert_iteration" and variant != dumped
 
 
+def test_the_prices_a_search_is_counted_by_are_part_of_its_settings():
+    """best-of-N's rounds and PPO's steps stop by the plan's price of a step, the choice and the test: a changed
+    estimate voids the searches even where the budget it sums to stays the same."""
+    from types import SimpleNamespace
+
+    from pipelines.config import RunOptions, load_task
+    from pipelines.engine.usage import Usage
+
+    task, options = load_task("risk"), RunOptions()
+    splits = SimpleNamespace(train=[0] * 3, dev=[0] * 2, test=[0] * 4)
+
+    def plan(steps: int, select: int):
+        return SimpleNamespace(phases={"steps": {"target": Usage(steps)}, "select": {"target": Usage(select)}})
+
+    same_sum = [L.settings(task, options, 100, splits, plan(steps, 100 - steps)) for steps in (40, 60)]
+    assert same_sum[0]["budget"] == same_sum[1]["budget"] and same_sum[0] != same_sum[1]
+    assert same_sum[0]["priced"] == {"steps": 40, "select": 60}
+
+
 @pytest.mark.slow  # the bench's: two probes of the real scorer
 def test_a_changed_scorer_output_changes_the_scorers_fingerprint(monkeypatch):
     """The probe runs the real scorer (the embedded model) on the probe set; it repeats exactly, and a scorer that

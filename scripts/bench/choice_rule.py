@@ -66,7 +66,7 @@ def analyse(name: str, seeds: list[int], options, test_examples: int, ledger_pat
                           "Fix: pass classification tasks with --tasks")
     plan = estimate(base, options, splits, scoring_tokenizer(options.target))
     budget = bench.default_budget(plan, options)
-    ledger, searches = bench.open_ledgers(ledger_path, base, options, budget, splits)
+    ledger, searches = bench.open_ledgers(ledger_path, base, options, budget, splits, plan)
     metric = base.scoring.metric
     seed_text = base.seed_template().text
     seed_test = ledger.get(bench.test_key(base.name, seed_text))

@@ -115,9 +115,10 @@ def task_settings(task) -> dict:
     return dumped
 
 
-def settings(task, options, budget: int, splits) -> dict:
+def settings(task, options, budget: int, splits, plan=None) -> dict:
     """What a record depends on besides code: the task, the budget and split sizes, the models, the dtype they
-    compute in and the versions of torch and dspy."""
+    compute in and the versions of torch and dspy; with ``plan`` (``pipelines.budget.estimate``'s), the target
+    calls it prices each phase at, which the searches' rounds and steps are counted by."""
     import torch
 
     from pipelines.engine.models import default_dtype
@@ -129,7 +130,8 @@ def settings(task, options, budget: int, splits) -> dict:
     return {"task": task_settings(task), "budget": budget, "steps": options.steps,
             "dev_examples": options.dev_examples, "splits": [len(splits.train), len(splits.dev), len(splits.test)],
             "target": str(options.target), "judge": str(options.judge), "policy": options.policy_model,
-            "scorers": options.num_scorers, "dtype": default_dtype(), "torch": torch.__version__, "dspy": dspy}
+            "scorers": options.num_scorers, "dtype": default_dtype(), "torch": torch.__version__, "dspy": dspy,
+            **({"priced": {phase: usage["target"].calls for phase, usage in plan.phases.items()}} if plan else {})}
 
 
 def _rounded(value, places: int):

@@ -61,7 +61,8 @@ def measure_task(name: str, seeds: list[int], options, test_examples: int, ledge
 
     base, splits, _ = bench.load_bench_splits(load_task(name), test_examples)
     plan = estimate(base, options, splits, scoring_tokenizer(options.target))
-    ledger, searches = bench.open_ledgers(ledger_path, base, options, bench.default_budget(plan, options), splits)
+    ledger, searches = bench.open_ledgers(ledger_path, base, options, bench.default_budget(plan, options), splits,
+                                        plan)
     seed_text = base.seed_template().text
     found = choices_in(ledger, searches, base.name, seeds)
     if not found or ledger.get(bench.test_key(base.name, seed_text)) is None:

@@ -281,11 +281,11 @@ def run_dspy_generation(task, splits, method: str, budget: int, seed: int, targe
                    result["note"])
 
 
-def open_ledgers(path: str | None, task, options, budget: int, splits) -> tuple[Ledger, dict[str, Ledger]]:
+def open_ledgers(path: str | None, task, options, budget: int, splits, plan) -> tuple[Ledger, dict[str, Ledger]]:
     """(the scorer's ledger: tests and dev records; each method's ledger of searches), by the rule of
-    ``bench.ledger``: the scorer's fingerprint is the settings and the probe set's outputs, a method's adds its
-    own code. Runs the probe (about 20 s on 2 CPU cores)."""
-    scorer = scorer_fingerprint(settings(task, options, budget, splits), probe(task, splits, options.target,
+    ``bench.ledger``: the scorer's fingerprint is the settings (the plan's prices among them) and the probe set's
+    outputs, a method's adds its own code. Runs the probe (about 20 s on 2 CPU cores)."""
+    scorer = scorer_fingerprint(settings(task, options, budget, splits, plan), probe(task, splits, options.target,
                                                                               options.judge))
     return Ledger(path, scorer), {m: Ledger(path, method_fingerprint(scorer, m, task.is_generation), scorer=scorer)
                                   for m in METHODS}
@@ -309,8 +309,8 @@ def fingerprint_rows(name: str, budget: int | None, options, test_examples: int,
                      overrides: dict | None = None) -> list[dict]:
     """``--fingerprints``: what this checkout's records of a task are keyed by (``bench.ledger``): the scorer's
     fingerprint (tests and dev records) and each method's (its searches). Runs the probe only."""
-    base, splits, _, _, budget, label = task_setup(name, budget, options, test_examples, overrides)
-    ledger, searches = open_ledgers(None, base, options, budget, splits)
+    base, splits, _, plan, budget, label = task_setup(name, budget, options, test_examples, overrides)
+    ledger, searches = open_ledgers(None, base, options, budget, splits, plan)
     return [{"task": label, "records": "tests, dev", "fingerprint": ledger.fingerprint},
             *({"task": label, "records": f"{m} searches", "fingerprint": searches[m].fingerprint} for m in METHODS)]
 
@@ -321,7 +321,7 @@ def bench_task(name: str, seeds: list[int], budget: int | None, options, test_ex
     from pipelines.ray_scoring import ScoringPool, init_ray
 
     base, splits, split_note, plan, budget, label = task_setup(name, budget, options, test_examples, overrides)
-    ledger, searches = open_ledgers(ledger_path, base, options, budget, splits)
+    ledger, searches = open_ledgers(ledger_path, base, options, budget, splits, plan)
     read_back = len(ledger.records) + sum(len(s.records) for s in searches.values())
     if read_back:
         log(f"{base.name}: {read_back} finished searches and tests read back from {ledger_path}")
