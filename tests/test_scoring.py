@@ -1,4 +1,7 @@
-"""Scoring: the fast scorer equals the naive one, the cache, PDR, weighting, the judge's error budget."""
+"""Scoring: the fast scorer equals the naive one, the cache, PDR, weighting, the judge's error budget.
+
+The module is long because its real-model tests share one embedded model and one risk split (module fixtures,
+loaded once), and the scorer's equivalences are easiest to check side by side with the pure tests they rest on."""
 
 import copy
 
