@@ -251,8 +251,8 @@ def counting_models(task: TaskConfig, tokenizer, target: ModelSource, judge: Mod
     from pipelines.engine.target import answers_give_label_rows
 
     served = isinstance(target, Endpoint)
-    labels_with_answers = False if isinstance(target, Endpoint) else answers_give_label_rows(load_config(target),
-                                                                                             default_dtype())
+    labels_with_answers = not isinstance(target, Endpoint) and answers_give_label_rows(load_config(target),
+                                                                                       default_dtype())
     target_model = CountingModel(scorer_words(task), tokenizer, chat_template=task.template.chat_template, served=served,
                                  labels_with_answers=labels_with_answers)
     judge_served = isinstance(judge, Endpoint) if judge is not None else served

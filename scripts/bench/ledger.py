@@ -115,10 +115,10 @@ def task_settings(task) -> dict:
     return dumped
 
 
-def settings(task, options, budget: int, splits, plan=None) -> dict:
-    """What a record depends on besides code: the task, the budget and split sizes, the models, the dtype they
-    compute in and the versions of torch and dspy; with ``plan`` (``pipelines.budget.estimate``'s), the target
-    calls it prices each phase at, which the searches' rounds and steps are counted by."""
+def settings(task, options, budget: int, splits, plan) -> dict:
+    """What a record depends on besides code: the task, the budget and split sizes, the target calls ``plan``
+    (``pipelines.budget.estimate``'s) prices each phase at, which the searches' rounds and steps are counted by,
+    the models, the dtype they compute in and the versions of torch and dspy."""
     import torch
 
     from pipelines.engine.models import default_dtype
@@ -131,7 +131,7 @@ def settings(task, options, budget: int, splits, plan=None) -> dict:
             "dev_examples": options.dev_examples, "splits": [len(splits.train), len(splits.dev), len(splits.test)],
             "target": str(options.target), "judge": str(options.judge), "policy": options.policy_model,
             "scorers": options.num_scorers, "dtype": default_dtype(), "torch": torch.__version__, "dspy": dspy,
-            **({"priced": {phase: usage["target"].calls for phase, usage in plan.phases.items()}} if plan else {})}
+            "priced": {phase: usage["target"].calls for phase, usage in plan.phases.items()}}
 
 
 def _rounded(value, places: int):
@@ -180,8 +180,8 @@ def scorer_fingerprint(run_settings: dict, probe_outputs: list) -> str:
 
 def code_of(unit: str, root: Path | None = None) -> str:
     """One unit of ``METHOD_CODE`` (``module``, or ``module:name`` of a function, class or assignment) as a
-    syntax tree dump: comments, docstrings, blank lines and layout do not change it. The source is read, not imported (a peer's library may
-    be missing); ``root``: read it from this copy of the checkout instead (tests)."""
+    syntax tree dump: comments, docstrings, blank lines and layout do not change it. The source is read, not
+    imported (a peer's library may be missing); ``root``: read it from this copy of the checkout instead (tests)."""
     module_name, _, function = unit.partition(":")
     path = Path(importlib.util.find_spec(module_name).origin)
     if root is not None:
