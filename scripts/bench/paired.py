@@ -19,10 +19,11 @@ enough). The i-th fingerprint of --a is paired with the i-th of --b, seed by see
 Per task: the pairs, each arm's mean, the mean difference A - B and its interval; then the mean over tasks of
 the per-task mean differences, with an interval that resamples seeds within each task.
 
-``--gate 0.82`` compares what production would receive after the promotion gate's instruction-following
-threshold instead of the choice itself: a choice that kept the answer contract on fewer than 0.82 of its test
-answers is not promoted, so the seed template of the same run stays and its figure counts for that seed. Only
-that threshold is applied (the ledger holds no entity-consistency rate), so this is the most the gate could pass.
+``--gate`` compares what production would receive after the promotion gate instead of the choice itself: each
+task's bars, read from its task file, that a test record can be held to (instruction following and readability
+at their thresholds, and the minimum gain over the seed template on the task's metric). A choice that misses one
+is not promoted, so the seed template of the same run stays and its figure counts for that seed. The ledger holds
+no entity-consistency rate or latency, so this is the most the gate could pass.
 
 ``--seed-ranked`` compares what each method would ship with the seed template in its choice's ranking: a choice whose
 whole-dev reward does not beat the seed template's counts as the seed template. The rewards are the ledger's ``dev``
@@ -41,6 +42,7 @@ from bench import REPO
 from bench import seed_in_ranking as bench_seed_in_ranking
 from bench import tuning as bench
 from pipelines.cli_output import table
+from pipelines.task_files import builtin_tasks, load_task
 
 METRICS = ("task", "balanced_accuracy", "roc_auc")
 # what a test record holds besides the task's own metric (bench_tuning.test_figures and the ledger's bookkeeping)
@@ -83,6 +85,10 @@ def read_ledgers(paths: list[str]) -> dict[str, dict[str, dict]]:
                 records.setdefault(record["fingerprint"], {})[record["key"]] = record
                 if record.get("scorer"):
                     scorers[record["fingerprint"]] = record["scorer"]
+                    if record["key"].endswith("/seed") and record.get("kind") == "search":
+                        # the seed runs no code of its own (bench.ledger.METHOD_CODE): every method's searches
+                        # under the same scorer fall back on it (the gate)
+                        records.setdefault(record["scorer"], {})[record["key"]] = record
     for fingerprint, scorer in scorers.items():  # a method's searches see the scorer's records (seed, tests, dev)
         records[fingerprint] = {**records.get(scorer, {}), **records[fingerprint]}
     return records
@@ -140,24 +146,44 @@ def dev_key_of(test: dict) -> str:
     return f"{task}/dev/{digest}"
 
 
+GATE_RATES = ("instruction_following", "readability")  # the gate's thresholds a test record holds
+
+
+def gate_bars(task: str) -> dict[str, float]:
+    """The promotion bars of a built-in task's file that a test record can be held to: its thresholds on
+    ``GATE_RATES`` and, as ``min_improvement``, the gain over the seed template its metric needs."""
+    if task not in builtin_tasks():
+        raise InputError(f"--gate reads the promotion bars of task {task!r} from its task file, and it is not a "
+                         f"built-in ({', '.join(builtin_tasks())}); compare without --gate")
+    promotion = load_task(task).promotion
+    bars = {name: promotion.thresholds[name] for name in GATE_RATES if name in promotion.thresholds}
+    return {**bars, "min_improvement": promotion.min_improvement}
+
+
+def passes_gate(test: dict, seed: dict, bars: dict[str, float]) -> bool:
+    """Whether the gate would promote the choice measured in ``test`` over the seed template measured in ``seed``,
+    on what the ledger holds (a missing figure fails, as in ``templates.gate.decide``)."""
+    if test["key"] == seed["key"]:  # the choice is the seed template
+        return True
+    rates = [(test.get(name), bar) for name, bar in bars.items() if name in GATE_RATES]
+    (_, value), (_, incumbent) = figure(test, "task"), figure(seed, "task")
+    gain = None if value is None or incumbent is None else value - incumbent
+    return all(v is not None and v >= bar for v, bar in [*rates, (gain, bars["min_improvement"])])
+
+
 def gated(found: dict[tuple[str, int], dict], seeds: dict[tuple[str, int], dict],
-          rate: float | None) -> dict[tuple[str, int], dict]:
-    """Each choice, or the seed template's test record where the choice kept the answer contract on fewer than
-    ``rate`` of its test answers (the gate would not promote it); a choice with no seed record to fall back on is
-    left out."""
-    if rate is None:
+          gate: bool) -> dict[tuple[str, int], dict]:
+    """Each choice, or the seed template's test record where the gate would not promote the choice
+    (``passes_gate``); a choice with no seed record to fall back on is left out."""
+    if not gate:
         return found
-    kept = {}
-    for cell, test in found.items():
-        if (test.get("instruction_following") or 0.0) >= rate:
-            kept[cell] = test
-        elif cell in seeds:
-            kept[cell] = seeds[cell]
-    return kept
+    bars = {task: gate_bars(task) for task in {task for task, _ in found}}
+    return {cell: test if passes_gate(test, seeds[cell], bars[cell[0]]) else seeds[cell]
+            for cell, test in found.items() if cell in seeds}
 
 
 def paired(records: dict[str, dict[str, dict]], arm_a: tuple[str, list[str]], arm_b: tuple[str, list[str]],
-           metric: str, gate: float | None = None, seed_rank: bool = False) -> dict[str, list[dict]]:
+           metric: str, gate: bool = False, seed_rank: bool = False) -> dict[str, list[dict]]:
     """task -> the paired units: one per (fingerprint pair, seed) where both arms finished."""
     (method_a, prints_a), (method_b, prints_b) = arm_a, arm_b
     if len(prints_a) != len(prints_b):
@@ -219,9 +245,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="the held-out figure compared (default: task, each task's own metric under its decision: "
                              "balanced accuracy for a classification task, field exact match for callback); a "
                              "task without the figure (roc_auc on generation) is left out")
-    parser.add_argument("--gate", type=float, metavar="RATE",
-                        help="compare what the gate lets through: a choice keeping the answer contract on fewer than "
-                             "RATE of its test answers counts as the seed template (the risk team's threshold: 0.82)")
+    parser.add_argument("--gate", action="store_true",
+                        help="compare what the gate lets through: a choice under one of its task's promotion bars "
+                             "the ledger holds (instruction following, readability, the gain over the seed) counts "
+                             "as the seed template")
     parser.add_argument("--seed-ranked", action="store_true",
                         help="compare what would ship with the seed template in the choice's ranking: a choice whose "
                              "whole-dev reward does not beat the seed's counts as the seed (needs the ledger's dev "
@@ -232,8 +259,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         records = read_ledgers(args.ledger)
         arm_a, arm_b = parse_arm(args.a, list(records)), parse_arm(args.b, list(records))
-        if args.gate is not None and not 0.0 <= args.gate <= 1.0:
-            raise InputError(f"--gate {args.gate} is not a rate; give a share of answers in [0, 1], e.g. 0.82")
         units = paired(records, arm_a, arm_b, args.metric, args.gate, args.seed_ranked)
         if not units:
             raise InputError(f"no seed on which both {args.a} and {args.b} finished a search and its test with a "
@@ -246,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rows = summary(units, f"A: {args.a}", f"B: {args.b}")
     what = "each task's own metric" if args.metric == "task" else args.metric
-    gate = "" if args.gate is None else f", after a gate on the contract rate {args.gate} (under it: the seed)"
+    gate = ", after the gate's bars the ledger holds (a choice under one: the seed)" if args.gate else ""
     if args.seed_ranked:
         gate = ", with the seed template in the choice's ranking (a choice not beating its dev reward: the seed)" + gate
     print(f"{what} on each task's held-out split{gate}, A - B paired by seed; 95% bootstrap intervals resample seeds")
