@@ -101,3 +101,20 @@ def test_a_changed_scorer_output_changes_the_scorers_fingerprint(monkeypatch):
     monkeypatch.setattr(LabelScorer, "score", lambda self, template, texts: np.asarray(score(self, template, texts)) - 0.5)
     shifted = L.probe(task, splits, EMBEDDED)
     assert L.scorer_fingerprint(settings, shifted) != L.scorer_fingerprint(settings, outputs)
+
+
+def test_a_ledger_made_under_another_scorer_is_refused_until_asked(tmp_path):
+    """A bf16 ledger run from an AVX2 machine (float32): its searches would not pair, so the run stops first."""
+    path = tmp_path / "bench.jsonl"
+    L.check_same_scorer(path, "risk", "mine", "float32")  # no file yet: a new set
+    there = L.Ledger(str(path), "bf16-search", scorer="bf16-scorer")
+    there.add("risk/seed 0/PPO", kind="search", template="t")
+    there.add("risk/seed 1/PPO", kind="search", template="t")
+    L.Ledger(str(path), "old-source-hash").add("risk/seed 2/PPO", kind="search")  # history: names no scorer
+    path.write_text(path.read_text() + '{"cut short by a kill\n')
+    assert L.other_scorers(path, "risk", "mine") == {"bf16-scorer": 2}
+    assert L.other_scorers(path, "risk", "bf16-scorer") == {} and L.other_scorers(path, "sentiment", "mine") == {}
+    with pytest.raises(L.ScorerMismatch, match=r"2 risk searches .* 1 other scorer\(s\) \(bf16-sco\) and none under "
+                                               r"this machine's \(mine, float32\).*--new-scorer"):
+        L.check_same_scorer(path, "risk", "mine", "float32")
+    L.check_same_scorer(path, "sentiment", "mine", "float32")  # another task's set is not this one's

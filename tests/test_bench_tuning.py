@@ -174,7 +174,8 @@ def test_each_method_has_a_fingerprint_of_its_own_and_a_change_to_its_code_rerun
         tmp_path, scripted, monkeypatch):
     """Searches are recorded under their method's fingerprint (the scorer's plus the method's own code), tests under
     the scorer's. DSPy on a generation task (JSON contract) runs through scripts/bench/peers/dspy_generation.py:
-    a change to it runs only the DSPy searches again; a changed probe output runs everything again."""
+    a change to it runs only the DSPy searches again; a changed probe output runs everything again, once asked
+    (``--new-scorer``: the ledger's records are all another scorer's)."""
     from bench import ledger as bench_ledger
     from bench import paired as bench_paired
     from pipelines.config import RunOptions
@@ -185,10 +186,10 @@ def test_each_method_has_a_fingerprint_of_its_own_and_a_change_to_its_code_rerun
     options = RunOptions(steps=1, wandb_mode="disabled", progress=False, dev_examples=8)
     ledger = tmp_path / "ledger.jsonl"
 
-    def bench():
+    def bench(new_scorer=False):
         scripted.searches.clear()
         bench_tuning.bench_task(str(REPO / "tests" / "data" / "transactions_json.yaml"), [0], None, options, 0,
-                                str(ledger), log=lambda *a: None)
+                                str(ledger), log=lambda *a: None, new_scorer=new_scorer)
         return [m for _, _, m in scripted.searches]
 
     assert bench() == EVERY_SEARCH
@@ -211,7 +212,11 @@ def test_each_method_has_a_fingerprint_of_its_own_and_a_change_to_its_code_rerun
                         + ("changed" if unit == "pipelines.loop" else ""))
     assert bench() == ["PPO", "expert iteration"]
     monkeypatch.setattr(bench_tuning, "probe", lambda *a: ["another scorer output"])
-    assert bench() == EVERY_SEARCH
+    before = ledger.read_text()
+    with pytest.raises(bench_ledger.ScorerMismatch, match="none under this machine's"):  # e.g. another dtype
+        bench()
+    assert scripted.searches == [] and ledger.read_text() == before  # stopped before anything ran or was written
+    assert bench(new_scorer=True) == EVERY_SEARCH  # asked for: a new set beside the old one
 
 
 def test_fingerprints_lists_the_scorers_and_each_methods_and_runs_nothing(scripted, monkeypatch, capsys):

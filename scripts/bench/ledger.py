@@ -94,6 +94,40 @@ class Ledger:
         return record
 
 
+class ScorerMismatch(Exception):
+    """The ledger holds records of the task, but none under this machine's scorer (``other_scorers``)."""
+
+
+def other_scorers(path: str | Path, task_name: str, scorer: str) -> dict[str, int]:
+    """The scorers, other than ``scorer``, that ``path`` holds ``task_name``'s searches under, with how many each.
+    Only searches made under this rule name their scorer; those made before it are history (see above)."""
+    counts: dict[str, int] = {}
+    path = Path(path)
+    for line in path.read_text().splitlines() if path.exists() else ():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if (isinstance(record, dict) and str(record.get("key", "")).startswith(f"{task_name}/")
+                and record.get("scorer") not in (None, scorer)):
+            counts[record["scorer"]] = counts.get(record["scorer"], 0) + 1
+    return counts
+
+
+def check_same_scorer(path: str | Path, task_name: str, scorer: str, dtype: str) -> None:
+    """Raise ``ScorerMismatch`` when ``path`` holds ``task_name``'s searches under other scorers and none under
+    ``scorer``: what a run writes there would not pair with them. The usual cause is another machine: bfloat16
+    is computed only where the CPU has AVX-512 BF16 or AMX (``default_dtype``), float32 elsewhere, and the probe
+    tells the two apart."""
+    others = other_scorers(path, task_name, scorer)
+    if others:
+        raise ScorerMismatch(
+            f"{path} holds {sum(others.values())} {task_name} searches made under {len(others)} other scorer(s) "
+            f"({', '.join(s[:8] for s in others)}) and none under this machine's ({scorer[:8]}, {dtype}), so what "
+            f"this run writes would not pair with them. Fix: run where they were made (bfloat16 needs a CPU with "
+            f"AVX-512 BF16 or AMX), give --ledger a new file, or pass --new-scorer to start a new set in this one")
+
+
 def _digest(*parts) -> str:
     digest = hashlib.sha256()
     for part in parts:

@@ -66,7 +66,8 @@ from pathlib import Path
 import yaml
 
 from bench import REPO
-from bench.ledger import Ledger, method_fingerprint, probe, scorer_fingerprint, settings
+from bench.ledger import (Ledger, ScorerMismatch, check_same_scorer, method_fingerprint, probe, scorer_fingerprint,
+                          settings)
 from pipelines.cli import quiet_libraries
 from pipelines.cli_output import table
 
@@ -317,7 +318,7 @@ def fingerprint_rows(name: str, budget: int | None, options, test_examples: int,
 
 def bench_task(name: str, seeds: list[int], budget: int | None, options, test_examples: int,
                ledger_path: str | None, log=print, methods: tuple[str, ...] = METHODS,
-               overrides: dict | None = None) -> list[dict]:
+               overrides: dict | None = None, new_scorer: bool = False) -> list[dict]:
     from pipelines.ray_scoring import ScoringPool, init_ray
 
     base, splits, split_note, plan, budget, label = task_setup(name, budget, options, test_examples, overrides)
@@ -325,6 +326,10 @@ def bench_task(name: str, seeds: list[int], budget: int | None, options, test_ex
     read_back = len(ledger.records) + sum(len(s.records) for s in searches.values())
     if read_back:
         log(f"{base.name}: {read_back} finished searches and tests read back from {ledger_path}")
+    elif ledger_path and not overrides and not new_scorer:  # a variant (--set) is a new scorer by design
+        from pipelines.engine.models import default_dtype
+
+        check_same_scorer(ledger_path, base.name, ledger.fingerprint, default_dtype())
     metric = base.scoring.metric
     outcomes: dict[str, list[Outcome]] = {m: [] for m in METHODS}
     figures: dict[str, list[dict]] = {m: [] for m in METHODS}
@@ -435,6 +440,9 @@ def main() -> int:
     parser.add_argument("--budget", type=int, help="target calls per method (default: the default run's search)")
     parser.add_argument("--ledger", help="append each finished search and test here, and read back those of an "
                                          "earlier run with the same settings and code (resumable)")
+    parser.add_argument("--new-scorer", action="store_true",
+                        help="write to --ledger even though its records of a task were all made under another "
+                             "scorer (another dtype, or a changed scorer) and none under this one")
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS),
                         help="run only these methods; the others are read back from --ledger where it has them "
                              "(to spend a short session on the cheap methods across seeds first)")
@@ -480,8 +488,8 @@ def main() -> int:
         try:
             rows += bench_task(name, args.seeds, args.budget, options, args.test_examples, args.ledger,
                                log=lambda *a: print(*a, file=sys.stderr, flush=True), methods=tuple(args.methods),
-                               overrides=overrides)
-        except ConfigError as exc:
+                               overrides=overrides, new_scorer=args.new_scorer)
+        except (ConfigError, ScorerMismatch) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         print(table([r for r in rows if r["task"] == rows[-1]["task"]], [k for k in rows[-1] if k not in HIDDEN]),
