@@ -56,7 +56,7 @@ def server():
 
 @pytest.fixture
 def small_task(write_small_risk_task) -> str:
-    return write_small_risk_task(test=24, robustness_examples=6)
+    return write_small_risk_task(test=12, robustness_examples=3)  # every request through one torch thread
 
 
 @pytest.mark.e2e
@@ -64,16 +64,16 @@ def test_eval_through_the_endpoint_scores_every_component(server, small_task, ca
     assert cli.main(["eval", "--task", small_task, "--split", "test", "--target-url", server.base_url,
                      "--target-model", "smollm2", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["examples"] == 24 and report["valid"]
+    assert report["examples"] == 12 and report["valid"]
     assert 0.0 <= report["metrics"]["roc_auc"] <= 1.0 and report["decision_threshold"] is not None
     assert set(report["judge"]) == set(load_task("risk").judge.all_rubrics)  # the same server judged (shared scorer)
     kept, answered = report["rates"]["instruction_following"]["kept"], report["rates"]["instruction_following"]["of"]
-    assert answered == 24 and 0 <= kept <= 24  # the server's greedy answers, parsed by the contract
+    assert answered == 12 and 0 <= kept <= 12  # the server's greedy answers, parsed by the contract
     assert all(v is not None for v in report["reward"]["components"].values())
     assert report["latency_ms"]["p95"] >= report["latency_ms"]["p50"] > 0  # timed by the endpoint scorer
     endpoint = report["target_endpoint"]
     assert endpoint["url"] == server.base_url and endpoint["mode"] == "logprobs" and endpoint["errors"] == 0
-    assert endpoint["pairs_scored"] >= 24 + 20 and report["template_tokens"] > 0  # tokens: the embedded tokenizer
+    assert endpoint["pairs_scored"] >= 12 + 20 and report["template_tokens"] > 0  # tokens: the embedded tokenizer
     assert server.completion_requests >= endpoint["requests"]
 
 
@@ -85,9 +85,9 @@ def test_separate_judge_endpoint_and_the_api_key_from_its_variable(server, small
                          "--json"]) == 2
         assert "gave no model list" in capsys.readouterr().err  # GET /models is refused without the key
         monkeypatch.setenv("MY_KEY", "s3cret")
-        assert cli.main(["eval", "--task", small_task, "--target-url", server.base_url, "--target-model", "smollm2",
-                         "--judge-url", server.base_url, "--judge-model", "smollm2", "--api-key-env", "MY_KEY",
-                         "--json"]) == 0
+        assert cli.main(["eval", "--task", small_task, "--split", "test", "--target-url", server.base_url,
+                         "--target-model", "smollm2", "--judge-url", server.base_url, "--judge-model", "smollm2",
+                         "--api-key-env", "MY_KEY", "--json"]) == 0
         out = capsys.readouterr().out
         assert "s3cret" not in out and json.loads(out)["valid"]
     finally:
