@@ -357,6 +357,7 @@ def check_affordable(plan: Plan, budget: Budget) -> None:
 # timed by ``calibrate``, computed REFERENCE_TOKENS_PER_S; start-up (imports, Ray, models) about 20 s.
 REFERENCE_TOKENS_PER_S = 1180.0  # one worker, the machine above (risk; 970 on 1,000-character inputs)
 REFERENCE_POLICY_S = 0.86  # per candidate and step, the machine above (the last step, which defers its update, less)
+REFERENCE_SAMPLING_S = 0.43  # of which sampling: all a step's policy does with ppo.update none (best-of-N)
 STARTUP_S = 20.0
 
 
@@ -371,8 +372,10 @@ class Timing:
     policy_s_per_candidate: float
 
     @classmethod
-    def scaled(cls, tokens_per_s: float, workers: int) -> "Timing":
-        return cls(tokens_per_s, workers, REFERENCE_POLICY_S * REFERENCE_TOKENS_PER_S / tokens_per_s)
+    def scaled(cls, tokens_per_s: float, workers: int, update: str = "ppo") -> "Timing":
+        """``update``: the task's ppo.update; with none the policy only samples."""
+        reference = REFERENCE_SAMPLING_S if update == "none" else REFERENCE_POLICY_S
+        return cls(tokens_per_s, workers, reference * REFERENCE_TOKENS_PER_S / tokens_per_s)
 
 
 def local_seconds(plan: Plan, timing: Timing, candidates: int) -> dict[str, float]:

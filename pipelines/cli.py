@@ -73,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="tune-prompts",
         description="Tune LLM prompt templates with reinforcement learning. With --task and no command, runs the\n"
         "tuning job: a policy model writes candidate instructions, each is scored on the task's data (its metric,\n"
-        "an LLM judge, robustness, tokens, latency), PPO updates the policy, and the candidate chosen on dev is\n"
+        "an LLM judge, robustness, tokens, latency), the best are kept (the task's ppo.update can train the policy\n"
+        "on the rewards with PPO or expert iteration; by default it does not), and the candidate chosen on dev is\n"
         "tested and put through the promotion gate into the template store. Each command's --help has examples.\n"
         "Exit 0: done; 2: bad input (one line saying what to fix); 1: a failure (check: below a bar).",
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -39,12 +39,17 @@ def add_tuning_flags(parser: argparse.ArgumentParser) -> None:
                         help="candidates evaluated on the whole dev split beside the seed, under the gate's bars "
                              f"(default: the task's selection.shortlist; risk: {risk.selection.shortlist}); at most "
                              "one, the chosen, is tested")
+    tuning.add_argument("--update", choices=["none", "ppo", "expert_iteration", "expert_iteration+ppo"],
+                        help="how the policy learns from each step's rewards (default: the task's ppo.update; risk: "
+                        f"{risk.ppo.update}): none samples the untrained policy (best-of-N), ppo trains it with "
+                        "OpenRLHF's PPO, expert_iteration with a supervised step on each step's best samples")
     tuning.add_argument("--run-dir", help="run folder for checkpoints, report and W&B files (default runs/<task>-<time>)")
     tuning.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
     tuning.add_argument("--seed", type=setting(PPOConfig, "seed"), help="the run's seed: sampling and PPO minibatch order (default: the "
                         f"task's ppo.seed; risk: {risk.ppo.seed}); the data split has its own, split.seed")
     tuning.add_argument("--backend", choices=["local", "openrlhf"], default="local",
-                        help="local: this machine's PPO loop (default); openrlhf: write the train_ppo_ray job and submit it")
+                        help="local: this machine's loop (default); openrlhf: write OpenRLHF's train_ppo_ray job (PPO) and "
+                        "submit it")
     tuning.add_argument("--dry-run", action="store_true", help="with --backend openrlhf: print the job instead of submitting it")
     tuning.add_argument("--ray-address", help="Ray cluster address (default: a local Ray)")
     tuning.add_argument("--num-scorers", type=setting(FlagSettings, "num_scorers"), default=RunOptions.num_scorers,
@@ -82,6 +87,8 @@ def tuning_setup(args, store_url: str | None) -> tuple[TaskConfig, RunOptions]:
         changes["generation.candidates_per_step"] = args.candidates
     if args.seed is not None:
         changes["ppo.seed"] = args.seed
+    if args.update is not None:
+        changes["ppo.update"] = args.update
     if changes:
         task = task.with_overrides(**changes)
     if args.resume and not args.run_dir:
@@ -105,7 +112,7 @@ def run_tuning(task: TaskConfig, options: RunOptions, *, resume: bool, json_outp
 
     log = (lambda *a: print(*a, file=sys.stderr)) if json_output else print
     log(f"tune-prompts: task {task.name}, {options.steps} steps x {task.generation.candidates_per_step} candidates, "
-        f"run folder {options.run_dir}")
+        f"update {task.ppo.update}, run folder {options.run_dir}")
     report = tune(task, options, resume=resume, log=log)
     if not json_output:
         print_final_table(task, report)
@@ -140,7 +147,8 @@ def print_estimate(task: TaskConfig, options: RunOptions, *, json_output: bool) 
     seconds = None
     if not isinstance(options.target, Endpoint) and not isinstance(options.judge, Endpoint):
         # a local run's wall time: this machine's scoring rate, timed now on the seed (a few seconds)
-        timing = Timing.scaled(calibrate(task, splits, options.target), min(options.num_scorers, os.cpu_count() or 1))
+        timing = Timing.scaled(calibrate(task, splits, options.target), min(options.num_scorers, os.cpu_count() or 1),
+                               task.ppo.update)
         seconds = local_seconds(plan, timing, task.generation.candidates_per_step)
     if json_output:
         print(json.dumps({**plan.as_dict(), "budget_steps": affordable,

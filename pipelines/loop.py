@@ -279,8 +279,8 @@ def train_step(task: TaskConfig, pool, learner, tokenizer, state: LoopState, ste
     t = time.perf_counter()
     scored, finished = race_candidates(task, pool, texts)
     timing["timing/score_s"] = time.perf_counter() - t
-    # 4. update the policy (ppo.update: OpenRLHF's PPO losses and advantage estimator, or expert iteration's
-    # supervised step on the group's best samples, or both); the run's last step defers its
+    # 4. update the policy (ppo.update: none by default, best-of-N; OpenRLHF's PPO losses and advantage estimator,
+    # or expert iteration's supervised step on the group's best samples, or both); the run's last step defers its
     # update (it would change only samples never drawn; the checkpoint keeps the batch for a resumed run)
     t = time.perf_counter()
     rewarded = batch.with_rewards([first_rung_reward(s) for s in scored])

@@ -91,9 +91,10 @@ def scripted(monkeypatch):
     monkeypatch.setattr(ray_scoring, "ScoringPool", Pool)
     monkeypatch.setattr(ray_scoring, "init_ray", lambda: None)
     def run_method(method, task, splits, budget, plan, seed, options):
-        # expert iteration runs PPO's search on the task with ppo.update changed (bench.tuning.VARIANTS)
-        if method == "PPO" and task.ppo.update == "expert_iteration":
-            method = "expert iteration"
+        # expert iteration and no update run PPO's search with ppo.update changed (bench.tuning.VARIANTS);
+        # PPO itself runs PPO, whatever the product's default
+        method = {"expert_iteration": "expert iteration", "none": "no update"}.get(task.ppo.update, method) \
+            if method == "PPO" else method
         done.searches.append((task, seed, method))
         return bench_tuning.Outcome(f"{method} {seed}", 1, 0.1)
 
@@ -129,6 +130,8 @@ def test_methods_left_out_are_not_run_and_a_later_run_reads_back_the_others(tmp_
     rows = bench(bench_tuning.METHODS)
     left_out = [m for m in bench_tuning.METHODS if m not in ("seed", "best-of-N")]
     assert [(seed, m) for _, seed, m in ran] == [(s, m) for s in (0, 1) for m in left_out]
+    updates = {"PPO": "ppo", "expert iteration": "expert_iteration", "no update": "none"}  # not the product's default
+    assert {m: task.ppo.update for task, _, m in ran if m in updates} == updates
     assert all(r["roc_auc"] == 0.6 for r in rows)
 
 
@@ -167,7 +170,8 @@ def test_a_bad_set_exits_2_with_one_line_and_runs_nothing(setting, message, tmp_
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0] and not ledger.exists()
 
 
-EVERY_SEARCH = ["seed", "best-of-N", "OPRO", "PPO", "expert iteration", "dspy copro", "dspy miprov2", "dspy gepa"]
+EVERY_SEARCH = ["seed", "best-of-N", "OPRO", "PPO", "expert iteration", "no update", "dspy copro", "dspy miprov2",
+                "dspy gepa"]
 
 
 def test_each_method_has_a_fingerprint_of_its_own_and_a_change_to_its_code_reruns_only_its_searches(
@@ -210,7 +214,7 @@ def test_each_method_has_a_fingerprint_of_its_own_and_a_change_to_its_code_rerun
     assert bench() == ["dspy copro", "dspy miprov2", "dspy gepa"]  # only the generation peer's rows run again
     monkeypatch.setattr(bench_ledger, "code_of", lambda unit, root=None: code_of(unit, root)
                         + ("changed" if unit == "pipelines.loop" else ""))
-    assert bench() == ["PPO", "expert iteration"]
+    assert bench() == ["PPO", "expert iteration", "no update"]
     monkeypatch.setattr(bench_tuning, "probe", lambda *a: ["another scorer output"])
     before = ledger.read_text()
     with pytest.raises(bench_ledger.ScorerMismatch, match="none under this machine's"):  # e.g. another dtype

@@ -244,6 +244,9 @@ def test_wall_time_follows_the_computed_tokens_of_each_phase():
     # a machine half as fast scores and updates the policy at half the rate
     assert Timing.scaled(1000.0, 2).policy_s_per_candidate == 2 * Timing.scaled(2000.0, 2).policy_s_per_candidate
     assert Timing.scaled(1000.0, 2).policy_s_per_candidate > REFERENCE_POLICY_S / 10
+    # with no update (best-of-N, the default) the policy only samples: half the reference's time, which updated too
+    sampling, updating = (Timing.scaled(1000.0, 2, update).policy_s_per_candidate for update in ("none", "ppo"))
+    assert sampling == updating / 2
 
 
 def test_computed_tokens_count_a_prefix_once_per_call_and_each_pair_s_own_tokens():

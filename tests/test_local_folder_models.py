@@ -92,17 +92,18 @@ def test_tuning_with_folder_target_judge_and_policy(tiny_llama_folder, tmp_path,
     monkeypatch.setattr(models, "load_causal_lm",
                         lambda spec=models.EMBEDDED, **kw: loaded.append(spec) or real_load(spec, **kw))
     run_dir = tmp_path / "run"
-    code = main(["--task", SMALL_TASK, "--steps", "2", "--dev-examples", "8", "--model", folder,
+    code = main(["--task", SMALL_TASK, "--steps", "2", "--update", "ppo", "--dev-examples", "8", "--model", folder,
                  "--judge-model", folder, "--policy-model", folder, "--run-dir", str(run_dir),
                  "--no-store", "--wandb-mode", "disabled"])
     out = capsys.readouterr().out
     assert code == 0, out
     assert loaded == [folder]  # the policy
     report = json.loads((run_dir / "report.json").read_text())
-    # two steps: the first updates the policy, the last defers its update (PPOLearner.defer)
+    # two steps with --update ppo: the first updates the policy, the last defers its update (PPOLearner.defer)
     assert report["steps"] == 2 and len(report["history"]) == 2 and "promotion" not in report
     for key in ("reward/total/mean", "train/policy_loss", "train/kl", "timing/generate_s", "timing/score_s"):
         assert key in report["history"][0], key
+    assert "train/policy_loss" not in report["history"][-1]
     seed = report["test"][0]
     assert seed["template_name"] == "seed" and seed["valid"]
 

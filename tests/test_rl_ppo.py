@@ -15,7 +15,8 @@ from pipelines.rl import ppo
 
 
 # Larger steps than PPOConfig's defaults, so that a few steps on a few samples move every trained weight.
-TEST_SETTINGS = {"value_clip_eps": 0.5, "kl_coef": 0.05, "ppo_epochs": 1, "lr": 1e-3, "critic_lr": 1e-2}
+# update ppo: these tests are of the learner's updates, and a task's default is none (no update, best-of-N)
+TEST_SETTINGS = {"update": "ppo", "value_clip_eps": 0.5, "kl_coef": 0.05, "ppo_epochs": 1, "lr": 1e-3, "critic_lr": 1e-2}
 
 
 def _config(**change) -> PPOConfig:
@@ -376,6 +377,21 @@ def test_expert_iteration_then_ppo_runs_both_parts_in_one_step():
     learner = _tiny_learner(update="expert_iteration+ppo", advantage_estimator="rloo")
     metrics = learner.step(_tiny_batch([3, 1, 2, 0]))
     assert metrics["train/imitated"] == 2.0 and math.isfinite(metrics["train/policy_loss"])
+    assert learner.steps_done == 1
+
+
+def test_no_update_leaves_the_policy_and_the_critic_as_they_started_and_still_reports_the_step():
+    """ppo.update none, the default: best-of-N, every sample from the untrained policy; the step is still counted
+    (a resumed run knows where it is) and its rewards still logged."""
+    learner = _tiny_learner(update="none")
+    assert learner.config.update == PPOConfig().update == "none"
+    weights = [p.detach().clone() for p in [*learner.lora_params, *learner.value_head.parameters()]]
+    batch = _tiny_batch([3, 1, 2, 0])
+    before = _token_logp(learner, batch)
+    metrics = learner.step(batch)
+    assert torch.equal(_token_logp(learner, batch), before)
+    assert all(torch.equal(a, b) for a, b in zip(weights, [*learner.lora_params, *learner.value_head.parameters()]))
+    assert metrics["train/reward_mean"] == 1.5 and "train/policy_loss" not in metrics and "train/imitated" not in metrics
     assert learner.steps_done == 1
 
 

@@ -19,7 +19,7 @@ def learner_and_tokenizer():
     from pipelines.engine.models import load_causal_lm
 
     loaded = load_causal_lm(dtype="float32")
-    config = PPOConfig(advantage_estimator="gae", minibatch_size=3, ppo_epochs=1)
+    config = PPOConfig(update="ppo", advantage_estimator="gae", minibatch_size=3, ppo_epochs=1)
     return rl.PPOLearner(loaded.model, config, group_size=1), loaded.tokenizer
 
 

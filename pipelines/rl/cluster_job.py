@@ -148,7 +148,9 @@ def prepare_job(task: TaskConfig, options: RunOptions, *, dry_run: bool, json_ou
             "--backend openrlhf submits openrlhf's train_ppo_ray to a GPU Ray cluster: pass its job address "
             "with --ray-address http://HEAD:8265, or use --dry-run to write the job's files and print the command"
         )
-    if task.ppo.update != "ppo":
+    # the cluster backend is the choice to train with PPO: a task's "none" (the local loop's best-of-N) gives way
+    # to it, expert iteration is refused (train_ppo_ray has no supervised step)
+    if task.ppo.update not in ("ppo", "none"):
         raise ConfigError(
             f"task {task.name!r} sets ppo.update to {task.ppo.update!r}, which openrlhf's train_ppo_ray does not "
             "run: set ppo.update to ppo for --backend openrlhf, or run the local loop (without --backend)"

@@ -211,7 +211,9 @@ class PPOLearner:
     * ``group_size``: samples per prompt, as consecutive rows of every batch; the group estimators take their
       baseline over each such group, and expert iteration picks each group's best samples.
     * ``config.update``: PPO, expert iteration (``_imitate``: no critic, no ratio, no KL term; the samples it
-      imitates are the policy's own, so the text stays in its distribution), or expert iteration then PPO.
+      imitates are the policy's own, so the text stays in its distribution), expert iteration then PPO, or none:
+      ``step`` changes nothing, so every sample comes from the untrained policy (best-of-N). The adapter is still
+      made (its B matrices start at zero, so the policy is the base model's), which keeps checkpoints alike.
     """
 
     def __init__(self, model, config: PPOConfig, *, group_size: int) -> None:
@@ -221,7 +223,7 @@ class PPOLearner:
                 f"group_size is {group_size}, but advantage_estimator {config.advantage_estimator!r} needs "
                 f"group_size >= {needed} samples per prompt (generation.candidates_per_step in the loop)"
             )
-        if config.update != "ppo" and group_size < 2:
+        if config.update not in ("ppo", "none") and group_size < 2:
             raise ValueError(
                 f"group_size is {group_size}, but ppo.update {config.update!r} imitates the samples above their "
                 "group's mean reward, which needs group_size >= 2 samples per prompt (generation.candidates_per_step)"
@@ -285,7 +287,8 @@ class PPOLearner:
 
     def step(self, batch: RolloutBatch) -> dict[str, float]:
         """One update on a rewarded batch (a deferred batch first, if one is owed), as ``config.update`` says:
-        PPO (``_ppo``), expert iteration's supervised step (``_imitate``), or the supervised step then PPO."""
+        PPO (``_ppo``), expert iteration's supervised step (``_imitate``), the supervised step then PPO, or
+        nothing (none: best-of-N; the step is counted all the same)."""
         if self.pending is not None:
             owed, self.pending = self.pending, None
             self.step(owed)
@@ -300,9 +303,9 @@ class PPOLearner:
         self.actor.temperature = batch.temperature  # log-probs of the distribution the sampler drew from
         metrics = {"train/reward_mean": batch.rewards.float().mean().item(),
                    "train/response_tokens_mean": batch.action_mask.sum(dim=-1).float().mean().item()}
-        if self.config.update != "ppo":
+        if self.config.update not in ("ppo", "none"):  # none: best-of-N, the policy stays as it started
             metrics.update(self._imitate(batch))
-        if self.config.update != "expert_iteration":
+        if self.config.update not in ("expert_iteration", "none"):
             metrics.update(self._ppo(batch))
         self.steps_done += 1
         metrics["timing/update_s"] = time.perf_counter() - start

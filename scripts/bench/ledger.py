@@ -45,6 +45,10 @@ METHOD_CODE: dict[str, tuple[str, ...]] = {
     "expert iteration": ("pipelines.generation", "pipelines.racing", "pipelines.choice", "pipelines.loop",
                          "pipelines.rl.ppo", "pipelines.rl.shared_prompt", "bench.tuning:run_ppo",
                          "bench.tuning:MAX_STEPS", "bench.tuning:VARIANTS"),
+    # the same loop with ppo.update none, the product's default (bench.tuning.VARIANTS)
+    "no update": ("pipelines.generation", "pipelines.racing", "pipelines.choice", "pipelines.loop",
+                  "pipelines.rl.ppo", "pipelines.rl.shared_prompt", "bench.tuning:run_ppo",
+                  "bench.tuning:MAX_STEPS", "bench.tuning:VARIANTS"),
     "DSPy COPRO": ("bench.peers.dspy", "bench.tuning:run_dspy"),
     "DSPy MIPROv2": ("bench.peers.dspy", "bench.tuning:run_dspy"),
     "DSPy GEPA": ("bench.peers.dspy", "bench.tuning:run_dspy"),

@@ -11,6 +11,8 @@ evaluated on the task's test split, which no method reads, under the task's prod
   * PPO        `pipelines.loop.tune` with the budget (`--max-target-calls`): as many steps as it pays for;
   * expert iteration  the same loop with `ppo.update: expert_iteration`: each step a supervised update on the
                group's best samples instead of PPO's;
+  * no update  the same loop with `ppo.update: none`, what `tune-prompts` runs by default: each step's group comes
+               from the untrained policy, rewriting the best instruction so far (best-of-N inside the loop);
   * DSPy COPRO, DSPy MIPROv2, DSPy GEPA: the dspy library's optimizers as shipped, instruction only and zero
                demos, through `bench.peers.dspy` (an adapter to the in-process target model, prompted and parsed
                as here; the proposer is the same untrained policy model; GEPA's reflection reads each example's
@@ -71,10 +73,11 @@ from bench.ledger import (Ledger, ScorerMismatch, check_same_scorer, method_fing
 from pipelines.cli import quiet_libraries
 from pipelines.cli_output import table
 
-METHODS = ("seed", "best-of-N", "OPRO", "PPO", "expert iteration", "DSPy COPRO", "DSPy MIPROv2", "DSPy GEPA")
+METHODS = ("seed", "best-of-N", "OPRO", "PPO", "expert iteration", "no update", "DSPy COPRO", "DSPy MIPROv2",
+           "DSPy GEPA")
 DSPY_OPTIMIZERS = {"DSPy COPRO": "copro", "DSPy MIPROv2": "miprov2", "DSPy GEPA": "gepa"}
 # Methods that are another method's search on a variant of the task: (that method, the task settings it changes).
-VARIANTS = {"expert iteration": ("PPO", {"ppo.update": "expert_iteration"})}
+VARIANTS = {"expert iteration": ("PPO", {"ppo.update": "expert_iteration"}), "no update": ("PPO", {"ppo.update": "none"})}
 QUICK_TASK = str(REPO / "tests" / "data" / "risk_small.yaml")
 # The loop's steps stop at the budget (PPO's runs pay for 3 to 5 steps at full price) or at this many, whichever
 # comes first: a policy that draws instructions it drew before spends few calls a step, and this bounds its time.
@@ -297,7 +300,9 @@ def task_setup(name: str, budget: int | None, options, test_examples: int, overr
     from pipelines.budget import estimate, scoring_tokenizer
     from pipelines.config import load_task
 
-    base, splits, split_note = load_bench_splits(load_task(name), test_examples)
+    # the bench's tasks start from PPO's update, whatever the product's default (none): "PPO" runs PPO, and each
+    # of VARIANTS sets its own; so the scorer's fingerprint does not move with that default (bench.ledger)
+    base, splits, split_note = load_bench_splits(load_task(name).with_overrides(**{"ppo.update": "ppo"}), test_examples)
     if overrides:  # a variant of the task (e.g. ppo.advantage_estimator): a fingerprint of its own
         base = base.with_overrides(**overrides)
     label = " ".join([base.name, *(f"{k}={v}" for k, v in (overrides or {}).items())])
