@@ -129,6 +129,21 @@ def test_json_output_names_the_command_files_and_ray_address(tmp_path, capsys):
     assert parse_train_ppo_ray_args(report["command"]).rollout.n_samples_per_prompt == 4
 
 
+def test_the_default_update_none_gives_way_to_ppo_on_the_cluster_and_ppo_builds_the_same_job(tmp_path):
+    """The local default is best-of-N (ppo.update none); --backend openrlhf is the choice to train with PPO."""
+    from pipelines.config import RunOptions, load_task
+
+    task = load_task("risk")
+    assert task.ppo.update == "none"
+    commands = []
+    for name, chosen in (("default", task), ("ppo", task.with_overrides(**{"ppo.update": "ppo"}))):
+        run_dir = tmp_path / name / "run"
+        assert cluster_job.prepare_job(chosen, RunOptions(run_dir=str(run_dir)), dry_run=True, json_output=True) == 0
+        commands.append([part.replace(str(run_dir), "RUN") for part in _job(run_dir)["command"]])
+    assert commands[0] == commands[1]
+    assert parse_train_ppo_ray_args(commands[0]).train.seed == task.ppo.seed
+
+
 def test_expert_iteration_is_refused_for_the_cluster_job_before_anything_is_written(tmp_path):
     from pipelines.config import ConfigError, RunOptions, load_task
 
