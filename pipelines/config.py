@@ -384,8 +384,9 @@ class PPOConfig(_Strict):
     steps: int = Field(4, ge=1, le=MAX_STEPS, description="steps of the loop (sample a group, score it, update the "
                        f"policy), 1 to {MAX_STEPS:,} (a step takes minutes); the CLI's --steps overrides it")
     # The default is "none" because that is what won at equal budget: after the gate PPO minus best-of-N is -0.001
-    # [-0.002, 0.000] over the 4 built-ins x 3 seeds, and expert iteration is behind both (docs/results.md#fresh-bench),
-    # so neither update earns its cost by default; ppo stays one setting away.
+    # [-0.002, 0.000] over the 4 built-ins x 3 seeds, and expert iteration is behind both (docs/results.md#fresh-bench;
+    # the loop without an update against PPO: #default-in-bench), so neither update earns its cost by default; ppo
+    # stays one setting away.
     update: Literal["none", "ppo", "expert_iteration", "expert_iteration+ppo"] = Field(
         "none", description="how a step's rewarded samples train the policy: none (no update: each step's group is "
         "drawn from the untrained policy, best-of-N with the loop's screening and choice; the default, as no update "
