@@ -239,8 +239,9 @@ def test_a_pool_started_right_after_another_shut_down_gets_all_its_workers(ray_s
 @pytest.mark.slow
 def test_resume_completes_a_run_killed_after_a_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "pipelines.cli", "--task", SMALL_TASK, "--steps", "3", "--dev-examples", "0",
-           "--finalists", "1", "--run-dir", str(run_dir), "--no-store"]
+    # --update ppo: a checkpoint then holds a trained adapter and a deferred update, which the resumed run applies
+    cmd = [sys.executable, "-m", "pipelines.cli", "--task", SMALL_TASK, "--steps", "3", "--update", "ppo",
+           "--dev-examples", "0", "--finalists", "1", "--run-dir", str(run_dir), "--no-store"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     state = run_dir / "checkpoint" / "state.json"
