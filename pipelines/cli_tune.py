@@ -8,6 +8,7 @@ import json
 import os
 import sys
 import time
+import typing
 from pathlib import Path
 
 from pipelines import cli_store, task_files
@@ -39,7 +40,7 @@ def add_tuning_flags(parser: argparse.ArgumentParser) -> None:
                         help="candidates evaluated on the whole dev split beside the seed, under the gate's bars "
                              f"(default: the task's selection.shortlist; risk: {risk.selection.shortlist}); at most "
                              "one, the chosen, is tested")
-    tuning.add_argument("--update", choices=["none", "ppo", "expert_iteration", "expert_iteration+ppo"],
+    tuning.add_argument("--update", choices=typing.get_args(PPOConfig.model_fields["update"].annotation),
                         help="how the policy learns from each step's rewards (default: the task's ppo.update; risk: "
                         f"{risk.ppo.update}): none samples the untrained policy (best-of-N), ppo trains it with "
                         "OpenRLHF's PPO, expert_iteration with a supervised step on each step's best samples")
