@@ -55,7 +55,7 @@ def cmd_predict(args) -> int:
             # a generation version reads no labels: its scorer is only asked for answers
             words = template.decision.verbalizers or JUDGE_VERBALIZERS
             target = label_scorer(target_source, words, chat_template=task.template.chat_template,
-                                  batch_size=task.scoring.batch_size, serving=True)
+                                  batch_size=task.scoring.batch_size)
         except ValueError as exc:  # a URL or model name the endpoint scorer refuses
             raise ConfigError(str(exc)) from None
         label = None if args.key else args.label

@@ -81,7 +81,7 @@ class _Targets:
         key = (words, served.chat_template, served.batch_size)
         if key not in self._scorers:
             self._scorers[key] = label_scorer(self._model, words, chat_template=served.chat_template,
-                                              batch_size=served.batch_size, serving=True)
+                                              batch_size=served.batch_size)
         return self._scorers[key]
 
 
@@ -137,8 +137,8 @@ class Gateway:
 
     def _warm_up(self) -> None:
         """Forward passes over each served task's production version before the first request, one per batch size
-        up to the largest: a model's first call pays for set-up (allocations, and oneDNN's kernels for each row
-        count, see ``packing.padded_rows``) that must not count against a caller's deadline."""
+        up to the largest: a model's first call pays for set-up (allocations, and oneDNN's kernels for the row
+        counts of ``packed_llama.by_rows``) that must not count against a caller's deadline."""
         if not self.targets.local:
             return  # a served target: its server warms itself; no calls it would bill
         sizes = sorted({min(n, self.settings.max_batch_size) for n in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)})

@@ -220,10 +220,10 @@ def check_endpoint(source: Endpoint) -> list[str]:
 
 
 def label_scorer(source: ModelSource | LoadedLM, verbalizers: Sequence[str], *, chat_template: bool, batch_size: int = 64,
-                 bad_responses: str = "raise", serving: bool = False) -> Scorer:
+                 bad_responses: str = "raise") -> Scorer:
     """A label scorer answering with ``verbalizers``: in-process for a model (loaded here if it is a name), or
     through an OpenAI-compatible server for an ``Endpoint`` (checked with ``GET /models`` first; ``bad_responses``
-    as ``build_scorer`` takes it). ``serving``: requests' new texts, one batch at a time (``LabelScorer.pad_rows``)."""
+    as ``build_scorer`` takes it)."""
     from pipelines.engine.endpoints import make_label_scorer
 
     model = load_source(source)
@@ -235,8 +235,7 @@ def label_scorer(source: ModelSource | LoadedLM, verbalizers: Sequence[str], *, 
                                  top_logprobs=model.top_logprobs, deadline_s=model.deadline_s,
                                  max_retry_after_s=model.max_retry_after_s,
                                  breaker_failures=model.breaker_failures, bad_responses=bad_responses)
-    return make_label_scorer(model, list(verbalizers), chat_template=chat_template, batch_size=batch_size,
-                             pad_rows=serving)
+    return make_label_scorer(model, list(verbalizers), chat_template=chat_template, batch_size=batch_size)
 
 
 def stratified_order(examples: Sequence[Example]) -> list[Example]:

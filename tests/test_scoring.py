@@ -164,22 +164,24 @@ def test_packing_layout_round_trips_every_token():
     assert torch.equal(regrouped[headed.scatter], headed.ids[0])
 
 
-def test_padded_packing_keeps_every_sequence_where_it_was():
-    from pipelines.engine.packing import Packing, padded_rows
+def test_by_rows_runs_a_product_in_fixed_parts_and_keys_are_aligned():
+    import torch
 
-    assert [padded_rows(n) for n in (1, 16, 17, 64, 65, 100, 129, 1000, 1025)] == [16, 16, 32, 64, 72, 104, 144, 1024,
-                                                                                 1152]
-    assert all(n <= padded_rows(n) <= n * 1.25 + 15 for n in range(1, 5000))
-    assert len({padded_rows(n) for n in range(1, 1025)}) <= 4 + 8 * 4  # a short list of row counts
-    seqs = [[1, 2], [3, 4, 5, 6], [7, 8, 9, 10, 11], [12] * 9]
-    plain, padded = Packing.build(seqs, n_prefix=5, head=[90]), Packing.build(seqs, n_prefix=5, head=[90], pad=True)
-    n = plain.ids.shape[1]
-    assert padded.ids.shape[1] == padded_rows(n) == n + padded.n_pad and padded.n_pad > 0
-    assert padded.ids[0, :n].tolist() == plain.ids[0].tolist() and padded.last.tolist() == plain.last.tolist()
-    assert padded.positions[0, :n].tolist() == plain.positions[0].tolist()
-    for (g1, m1), (g2, m2) in zip(plain.buckets, padded.buckets):  # the buckets' padding points at the new zero row
-        assert g2.tolist() == [[padded.ids.shape[1] if i == n else i for i in row] for row in g1.tolist()]
-        assert m1.tolist() == m2.tolist()
+    from pipelines.engine.packed_llama import aligned_width, by_rows
+
+    seen = []
+
+    def product(x):
+        seen.append(len(x))
+        return x * 2 + 1
+
+    x = torch.arange(21.0).reshape(7, 3)
+    assert torch.equal(by_rows(product, x, 4), x * 2 + 1) and seen == [4, 4]  # the last part filled out to 4
+    out = torch.zeros(9, 3)
+    by_rows(product, x, 8, out=out[1:8])
+    assert torch.equal(out[1:8], x * 2 + 1) and not out[0].any() and not out[8].any() and seen[-1] == 8
+    assert by_rows(product, x[:0], 4).shape == (0, 3)
+    assert [aligned_width(n) for n in (1, 32, 33, 300)] == [32, 32, 64, 320]
 
 
 def _tiny_llama(**overrides):
@@ -305,28 +307,15 @@ def test_fast_scorer_equals_naive_in_float32(risk, lm_fp32, packed_llama):
 
 
 @pytest.mark.e2e
-def test_padded_rows_give_the_same_scores_and_answers(risk, lm_fp32):
-    """A serving scorer pads each packed row to a few row counts (oneDNN builds a kernel per new count); the rows
-    no sequence reads must change nothing: float32, so any difference would be the padding's."""
-    from pipelines.engine.target import LabelScorer
-
-    task, splits = risk
-    texts = [e.text for e in splits.dev[:9]]
-    template = task.seed_template()
-    plain = LabelScorer(lm_fp32, ["yes", "no"], batch_size=4)
-    padded = LabelScorer(lm_fp32, ["yes", "no"], batch_size=4, pad_rows=True)
-    assert np.abs(plain.score(template, texts) - padded.score(template, texts)).max() < 1e-4
-    assert [a.text for a in plain.answer(template, texts[:4], 6)] == [a.text for a in padded.answer(template, texts[:4], 6)]
-
-
-@pytest.mark.e2e
-def test_packed_llama_forward_equals_transformers_forward(risk, lm):
-    """The written-out Llama forward pass and transformers' own (with packed attention) on the same packed
-    batch: the hidden states at every sequence's last token agree within bfloat16 rounding. "Within rounding" is
-    measured, not assumed: no further apart than one bfloat16 step, or than transformers' packed pass is from
-    its own plain pass over each whole sequence (bitwise equal on AVX-512 machines; on an AVX2 machine the bf16
-    kernels round by shape, and one sequence differed by 0.25 from both). float32 exactness is tested on a tiny
-    random Llama above."""
+def test_packed_llama_forward_equals_transformers_forward(risk, lm, lm_fp32):
+    """The written-out Llama forward pass and transformers' own (packed, and plain over each whole sequence) on
+    the same batch, in this machine's dtype: the hidden state at every sequence's last token is as close to the
+    float32 pass as transformers' own are. In bfloat16 each pass rounds by its shapes (on an Intel AMX machine
+    transformers' packed and plain passes differ by up to 0.75 on one sequence), so the measure is the distance
+    from float32, not bit equality: per sequence no more than twice the worst of transformers' passes over the
+    batch, and on average no more than 1.25 times theirs (measured on AMX: 1.5% against 1.4%, each sequence
+    within 2.4%). A packing fault (a token attending across sequences, a wrong position) is off by tens of
+    percent. float32 exactness is tested on a tiny random Llama above."""
     import torch
 
     from pipelines.engine.packing import Packing
@@ -348,18 +337,27 @@ def test_packed_llama_forward_equals_transformers_forward(risk, lm):
         packed = scorer._packed.forward(packing, prefix_rows)[0].float()
         plain = torch.stack([scorer._body(input_ids=torch.tensor([prefix + s])).last_hidden_state[0, -1]
                              for s in suffixes]).float()
-    assert packed.shape == reference.shape == plain.shape == (12, lm.model.config.hidden_size)
-    step = 2.0 ** (torch.floor(torch.log2(reference.abs().clamp_min(1e-3))) - 7)  # one bfloat16 step
-    rounding = torch.maximum(step, (plain - reference).abs().amax(dim=1, keepdim=True))  # per sequence
-    assert bool(((packed - reference).abs() <= rounding).all())
-    # ... and the bound is tight enough to matter: hidden states 5% off are outside it.
-    assert not bool(((packed * 1.05 - reference).abs() <= rounding).all())
+        truth = torch.stack([lm_fp32.model.model(input_ids=torch.tensor([prefix + s])).last_hidden_state[0, -1]
+                             for s in suffixes]).float()
+    assert packed.shape == reference.shape == plain.shape == truth.shape == (12, lm.model.config.hidden_size)
+
+    def off(hidden):  # per sequence: the distance from the float32 pass, relative to its size
+        return (hidden - truth).norm(dim=1) / truth.norm(dim=1)
+
+    theirs = torch.maximum(off(reference), off(plain))
+    assert bool((off(packed) <= 2 * theirs.max().clamp_min(1e-4)).all()), (off(packed), theirs)
+    assert off(packed).mean() <= 1.25 * theirs.mean().clamp_min(1e-4), (off(packed), theirs)
+    # ... and the bound is tight enough to matter: hidden states 10% off are outside it.
+    assert not bool((off(packed * 1.10) <= 2 * theirs.max().clamp_min(1e-4)).all())
 
 
 @pytest.mark.e2e
-def test_scoring_threads_and_prefix_reuse_give_the_same_scores(risk, lm):
-    """One thread per core (the sequences dealt between them) and a prefix started from another template's
-    rows score like one thread and a prefix run from scratch (bfloat16: batch shapes change rounding)."""
+def test_a_texts_scores_and_answer_do_not_depend_on_its_batch_threads_or_prefix(risk, lm):
+    """What the store's held-out figure counts is what an application scoring one text at a time gets: a text's
+    label log-probs and greedy answer are the same alone or among 32, on one thread or dealt to two, with the
+    prefix run from scratch or started from another template's rows. Bitwise in bfloat16 (fixed-size matrix
+    products and key widths aligned to 32: ``pipelines.engine.packed_llama.by_rows``); in float32 torch's
+    attention still rounds the last bit by key count, which moves a log-prob by about 1e-5."""
     import torch
 
     from pipelines.engine.target import LabelScorer
@@ -371,18 +369,23 @@ def test_scoring_threads_and_prefix_reuse_give_the_same_scores(risk, lm):
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        alone = LabelScorer(lm, ["yes", "no"]).score(seed, texts)
+        together = LabelScorer(lm, ["yes", "no"]).score(seed, texts)
         torch.set_num_threads(2)
         scorer = LabelScorer(lm, ["yes", "no"])
         assert scorer._shard_count(len(texts)) == 2
         scorer.score(other, texts)
         shared = scorer.score(seed, texts)
+        one_by_one = np.concatenate([LabelScorer(lm, ["yes", "no"]).score(seed, [t]) for t in texts[:6]])
+        answers = LabelScorer(lm, ["yes", "no"]).answer(seed, texts[:12], 6)
+        alone = [LabelScorer(lm, ["yes", "no"]).answer(seed, [t], 6)[0] for t in texts[:3]]
     finally:
         torch.set_num_threads(threads)
     assert torch.get_num_threads() == threads  # restored after the scoring threads
     assert scorer.stats.prefix_tokens_reused > 0
-    odds = lambda s: s[:, 0] - s[:, 1]  # noqa: E731
-    assert np.abs(odds(shared) - odds(alone)).max() < 0.2
+    tolerance = 0.0 if lm.model.dtype == torch.bfloat16 else 1e-4
+    assert np.abs(shared - together).max() <= tolerance
+    assert np.abs(one_by_one - together[:6]).max() <= tolerance
+    assert [a.text for a in alone] == [a.text for a in answers[:3]]
 
 
 @pytest.mark.e2e

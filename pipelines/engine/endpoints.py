@@ -779,13 +779,11 @@ def make_label_scorer(
     model: str | None = None,
     chat_template: bool = True,
     batch_size: int = 64,
-    pad_rows: bool = False,
     **endpoint_options: Any,
 ) -> Scorer:
     """A ``LabelScorer`` for a loaded model, an ``EndpointLabelScorer`` for a URL (``model`` then required).
 
-    ``endpoint_options`` go to ``EndpointLabelScorer`` (api_key_env, match, timeout_s, max_retries, ...);
-    ``pad_rows`` to ``LabelScorer`` (a serving path's new texts: see ``packing.padded_rows``).
+    ``endpoint_options`` go to ``EndpointLabelScorer`` (api_key_env, match, timeout_s, max_retries, ...).
     """
     if isinstance(target, str):
         if not model:
@@ -797,4 +795,4 @@ def make_label_scorer(
     # A scoring run loads torch anyway, through pipelines.scoring -> pipelines.engine.target, even for URLs.
     from pipelines.engine.target import LabelScorer
 
-    return LabelScorer(target, list(verbalizers), chat_template=chat_template, batch_size=batch_size, pad_rows=pad_rows)
+    return LabelScorer(target, list(verbalizers), chat_template=chat_template, batch_size=batch_size)

@@ -14,7 +14,9 @@ small model loses its time:
   the sequence axis (grouped-query attention as a longer query, not repeated keys);
 * the results are written straight back to the packed row's order;
 * the last layer computes attention and MLP for each sequence's last token only (the only hidden state
-  label scoring reads); keys and values still come from every token.
+  label scoring reads); keys and values still come from every token;
+* every matrix product runs in parts of a fixed row count and attention keys are padded to a multiple of 32
+  (``by_rows``, ``aligned_width``), so a text's result is the same bits alone or in any batch.
 
 The same pass starts greedy answers (``greedy``): it keeps every layer's keys and values, its last hidden states
 give each answer's first token (and the label log-probs ``score`` reads), and each further token is one pass of
@@ -90,7 +92,7 @@ class PackedLlama:
         for layer in self.body.layers:
             attn, mlp = layer.self_attn, layer.mlp
             self.layers.append({
-                "qkv": torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach().contiguous(),
+                "qkv": _Linear(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])),
                 "o": _Linear(attn.o_proj.weight), "gate": _Linear(mlp.gate_proj.weight),
                 "up": _Linear(mlp.up_proj.weight), "down": _Linear(mlp.down_proj.weight), "scaling": attn.scaling,
                 "norm1": (layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon),
@@ -126,8 +128,11 @@ class PackedLlama:
             S, L = gather.shape
             visible = mask.shape[1] - L
             rows = gather + P  # padding (N) -> P + N, the zero row
-            kv_rows = torch.cat([torch.arange(visible).expand(S, visible), rows], 1)  # (S, visible + L)
+            extra = aligned_width(visible + L) - visible - L  # more zero-row keys, masked: see aligned_width
+            kv_rows = torch.cat([torch.arange(visible).expand(S, visible), rows,
+                                 torch.full((S, extra), P + N)], 1)  # (S, aligned visible + L)
             lengths = (gather != N).sum(1)
+            mask = torch.cat([mask, mask.new_zeros(L, extra)], 1)
             bias = torch.zeros(mask.shape, dtype=h.dtype).masked_fill_(~mask, float("-inf"))  # SDPA's own conversion, once
             plan.append((rows, kv_rows, bias.repeat_interleave(G, 0), lengths))
         last = packing.last
@@ -138,7 +143,7 @@ class PackedLlama:
             x = _rms_norm(h, *w["norm1"])
             if P:
                 buffer[:P, H * D:] = prefix_rows[index]
-            torch.matmul(x, w["qkv"].T, out=buffer[P:P + N])
+            by_rows(w["qkv"], x, TOKEN_ROWS, out=buffer[P:P + N])
             _rotary_(buffer[P:P + N, : (H + KV) * D].view(N, H + KV, D), cos, sin)
             if n_head:
                 head_rows.append(buffer[P:P + n_head, H * D:].clone())
@@ -149,9 +154,8 @@ class PackedLlama:
             q_part = buffer[:, : H * D]
             kv_part = buffer[:, H * D:]
             # The last layer: attention (and then the MLP) for each sequence's last token only.
-            # row N: bucket padding; rows past the sequences (packing.n_pad) are zeros, read by no query
-            attn = (x.new_empty(len(last), KV, G, D) if final
-                    else x.new_zeros(N + 1, H * D) if packing.n_pad else x.new_empty(N + 1, H * D))
+            # row N: bucket padding
+            attn = x.new_empty(len(last), KV, G, D) if final else x.new_empty(N + 1, H * D)
             done = 0
             for rows, kv_rows, mask, lengths in plan[1:] if final and n_head else plan:
                 S, width = kv_rows.shape
@@ -171,14 +175,14 @@ class PackedLlama:
                     out = out.view(S, KV, L, G * D).transpose(1, 2).reshape(S * L, H * D)
                     attn.index_copy_(0, (rows - P).flatten(), out)  # padding rows all land on row N
             if final:
-                h, attn = h[last], attn.view(len(last), H * D)
+                h, attn, rows_ = h[last], attn.view(len(last), H * D), SEQUENCE_ROWS
             else:
-                attn = attn[:N]
-            h = h + w["o"](attn)
+                attn, rows_ = attn[:N], TOKEN_ROWS
+            h = h + by_rows(w["o"], attn, rows_)
             x = _rms_norm(h, *w["norm2"])
-            gate = w["gate"](x)
+            gate = by_rows(w["gate"], x, rows_)
             F.silu(gate, inplace=True)
-            h = h + w["down"](gate.mul_(w["up"](x)))
+            h = h + by_rows(w["down"], gate.mul_(by_rows(w["up"], x, rows_)), rows_)
         return self.body.norm(h), head_rows
 
     @torch.inference_mode()
@@ -205,7 +209,7 @@ class PackedLlama:
             own[j, visible:visible + length] = zero - N + torch.arange(end - length + 1, end + 1)
         position = packing.positions[0, packing.last] + 1
         running = torch.arange(S)
-        tokens = self.lm_head(last_hidden).argmax(-1)
+        tokens = by_rows(self.lm_head, last_hidden, SEQUENCE_ROWS).argmax(-1)
         half, run = D // 2, 0
         for step in range(max_new_tokens):
             keep = [r for r, (j, token) in enumerate(zip(running.tolist(), tokens.tolist())) if not take(j, token, step)]
@@ -215,6 +219,7 @@ class PackedLlama:
             R = len(running)
             new_rows = zero + 1 + step * S + running
             index = torch.cat([own[running], zero + 1 + torch.arange(step + 1) * S + running[:, None]], 1)
+            index = torch.cat([index, index.new_full((R, aligned_width(index.shape[1]) - index.shape[1]), zero)], 1)
             valid = (index != zero).view(R, 1, 1, -1)
             h = self.body.embed_tokens(tokens)
             cos, sin = self.body.rotary_emb(h, (position[running] + step).view(1, R))
@@ -222,20 +227,66 @@ class PackedLlama:
             sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
             for index_l, w in enumerate(self.layers):
                 x = _rms_norm(h, *w["norm1"])
-                qkv = x @ w["qkv"].T
+                qkv = by_rows(w["qkv"], x, SEQUENCE_ROWS)
                 _rotary_(qkv[:, : (H + KV) * D].view(R, H + KV, D), cos, sin)
                 kv[index_l][new_rows] = qkv[:, H * D:]
                 rows = kv[index_l].index_select(0, index.flatten()).view(R, -1, 2, KV, D).permute(0, 2, 3, 1, 4)
                 out = F.scaled_dot_product_attention(qkv[:, : H * D].reshape(R, KV, G, D), rows[:, 0], rows[:, 1],
                                                      attn_mask=valid, scale=w["scaling"])
-                h = h + w["o"](out.reshape(R, H * D))
+                h = h + by_rows(w["o"], out.reshape(R, H * D), SEQUENCE_ROWS)
                 x = _rms_norm(h, *w["norm2"])
-                gate = w["gate"](x)
+                gate = by_rows(w["gate"], x, SEQUENCE_ROWS)
                 F.silu(gate, inplace=True)
-                h = h + w["down"](gate.mul_(w["up"](x)))
-            tokens = self.lm_head(self.body.norm(h)).argmax(-1)
+                h = h + by_rows(w["down"], gate.mul_(by_rows(w["up"], x, SEQUENCE_ROWS)), SEQUENCE_ROWS)
+            tokens = by_rows(self.lm_head, self.body.norm(h), SEQUENCE_ROWS).argmax(-1)
             run += R
         return run
+
+
+TOKEN_ROWS = 128  # the prompt pass's products, over every token of the packed row
+SEQUENCE_ROWS = 16  # one row per sequence: the last layer's last tokens, the greedy steps, the head's outputs
+
+
+def by_rows(product: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, rows: int,
+            out: torch.Tensor | None = None) -> torch.Tensor:
+    """``product(x)``, ``rows`` rows of ``x`` at a time, the last part filled out with zero rows (into ``out`` if
+    given).
+
+    So that a text's scores do not depend on the batch it runs in (the stored held-out figure is what an
+    application scoring one text at a time gets). oneDNN picks a bfloat16 matrix product's blocking by its row
+    count and thread count, and a row's result changes with it: on an Intel AMX machine the same row of the
+    embedded model's products moved by up to 0.25 between row counts. Called with one fixed row count, each row
+    came out bitwise the same whatever the other rows held, at 16 to 128 rows on one thread or two (at 256 rows
+    the MLP's down projection split its sum differently on two threads). The price, measured there on one
+    thread: a layer's five products over 1,024 rows took 9.7 ms in 128-row parts against 6.0 ms in one call,
+    and a text scored alone runs at least 128 rows."""
+    n = len(x)
+    if not n:
+        return product(x) if out is None else out
+    for start in range(0, n, rows):
+        part = x[start:start + rows]
+        if len(part) < rows:
+            part = torch.cat([part, part.new_zeros(rows - len(part), x.shape[1])])
+        y = product(part)
+        if out is None:
+            out = y.new_empty(n, y.shape[1])
+        out[start:start + rows] = y[: min(rows, n - start)]
+    assert out is not None  # n > 0: the loop ran
+    return out
+
+
+ATTENTION_ALIGN = 32
+
+
+def aligned_width(width: int) -> int:
+    """``width`` keys rounded up to a multiple of ``ATTENTION_ALIGN``; the added keys are the zero row, masked.
+
+    The other half of ``by_rows``: a bucket's attention reads keys as wide as its longest sequence, and torch's CPU
+    attention in bfloat16 rounds by width (on an Intel AMX machine a sequence's output moved by up to 0.008 with
+    the number of masked keys after it). At widths that are multiples of 32 the output was bitwise the same
+    whatever the padding and the number of query rows (40 random sequences of 20-700 keys, 3 paddings each, with
+    and without a causal mask; multiples of 16 were not enough). Costs at most 31 masked keys per bucket."""
+    return -(-width // ATTENTION_ALIGN) * ATTENTION_ALIGN
 
 
 class _Linear:
@@ -243,7 +294,7 @@ class _Linear:
     blocked layout (what torch's own call does on every call): the same results, a few percent faster."""
 
     def __init__(self, weight: torch.Tensor):
-        self.weight = weight.detach()
+        self.weight = weight.detach().contiguous()
         self.packed = None
         if weight.dtype == torch.bfloat16 and torch.backends.mkldnn.is_available():
             try:

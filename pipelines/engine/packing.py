@@ -13,23 +13,6 @@ import numpy as np
 import torch
 
 
-def padded_rows(n: int) -> int:
-    """``n`` rounded up to one of a few row counts: to a multiple of 16 up to 64 rows, then of an eighth of the
-    power of two below ``n`` (at most 12.5% more rows, eight sizes per doubling).
-
-    oneDNN builds a bfloat16 matrix product's kernel for each new row count and keeps it: measured on 2 AVX-512
-    cores, a (M, 576) x (576, 1536) product took 7.6 ms at a row count it had not seen against 0.47 ms at one it
-    had. Scoring requests as they come (the gateway, a drift check) meets a new row count on nearly every batch,
-    and the model's 30 layers paid that for every product; with row counts from this short list, a replica's
-    kernels are all built after its first few batches. The tuning loop's scoring gains nothing from it (12 new
-    templates on 60 dev examples: 22.4-22.9 s unpadded, 22.8-23.5 s padded, three pairs, same machine), so only
-    serving scorers pad (``LabelScorer.pad_rows``)."""
-    if n <= 64:
-        return -(-n // 16) * 16
-    step = 1 << (n.bit_length() - 4)  # an eighth of the power of two at or below n
-    return -(-n // step) * step
-
-
 @dataclass
 class Packing:
     """Sequences laid end to end in one row of ``ids`` (what the matrix products see: no padding), and,
@@ -43,25 +26,19 @@ class Packing:
     #   visible prefix (the computed prefix, and the head for the sequences' buckets), then causal within
     scatter: torch.Tensor  # (N,) index of each row token in the buckets' outputs, flattened and concatenated
     n_head: int = 0  # the row's first tokens: the rest of the shared prefix, run in this pass (see ``build``)
-    n_pad: int = 0  # rows after the sequences that belong to none (``build``'s ``pad``): zeros, never attended to
 
     @classmethod
-    def build(cls, seqs: list[list[int]], n_prefix: int, slack: float = 1.25, head: Sequence[int] = (),
-              pad: bool = False) -> "Packing":
+    def build(cls, seqs: list[list[int]], n_prefix: int, slack: float = 1.25, head: Sequence[int] = ()) -> "Packing":
         """``seqs`` sorted by length, following a shared prefix of ``n_prefix`` tokens already computed; a
         bucket closes when a sequence is ``slack`` times its first one.
 
         ``head``: more of the shared prefix, not computed yet. Its tokens lead the row and form the first
         bucket (they attend to the ``n_prefix`` tokens and causally to themselves), and every sequence
-        attends to them as part of its prefix: a bucket's mask is (L_b, visible prefix + L_b).
-
-        ``pad``: the row is filled out to ``padded_rows`` tokens with rows that no sequence attends to (the written-out
-        pass only: transformers' pass reads ``scatter``, which has no place for them)."""
+        attends to them as part of its prefix: a bucket's mask is (L_b, visible prefix + L_b)."""
         n_head = len(head)
         lengths = [len(s) for s in seqs]
         starts = n_head + np.cumsum([0] + lengths[:-1], dtype=np.int64)[: len(seqs)]
-        n_real = n_head + int(sum(lengths))
-        n = padded_rows(n_real) if pad else n_real
+        n = n_head + int(sum(lengths))
         scatter = np.zeros(n, dtype=np.int64)
         buckets, flat_offset = [], 0
 
@@ -88,14 +65,12 @@ class Packing:
             flat_offset += (j - first) * width
             first = j
         # positions: the head's continue the prefix; each sequence's continue the head's
-        within = np.concatenate([np.arange(n_head), *(n_head + np.arange(length) for length in lengths),
-                                 np.zeros(n - n_real, dtype=np.int64)])
+        within = np.concatenate([np.arange(n_head), *(n_head + np.arange(length) for length in lengths)])
         return cls(
-            ids=torch.tensor([[*head, *(t for s in seqs for t in s), *[0] * (n - n_real)]]),
+            ids=torch.tensor([[*head, *(t for s in seqs for t in s)]]),
             positions=torch.from_numpy(n_prefix + within).unsqueeze(0),
             last=torch.from_numpy(starts + np.array(lengths, dtype=np.int64) - 1),
             buckets=buckets,
             scatter=torch.from_numpy(scatter),
             n_head=n_head,
-            n_pad=n - n_real,
         )

@@ -60,7 +60,8 @@ import torch
 
 from pipelines.engine.answers import Answer, AnswerCache
 from pipelines.engine.models import LoadedLM, ModelLoadError
-from pipelines.engine.packed_llama import PackedLlama, config_unsupported_reason, decoder_of, unsupported_reason
+from pipelines.engine.packed_llama import (SEQUENCE_ROWS, PackedLlama, by_rows, config_unsupported_reason, decoder_of,
+                                           unsupported_reason)
 from pipelines.engine.packing import Packing
 from pipelines.engine.pair_cache import PairCache
 from pipelines.engine.usage import Usage
@@ -182,12 +183,8 @@ class LabelScorer:
         tokens_per_batch: int = 2048,
         cache_pairs: int = 200_000,
         packed_llama: bool = True,
-        pad_rows: bool = False,
     ):
         self.lm = lm
-        # Serving (the gateway, predict) meets new texts, so a new row count, on nearly every batch: padded to a
-        # few row counts (packing.padded_rows), oneDNN's bfloat16 kernels are built once instead of every time.
-        self.pad_rows = pad_rows
         self.verbalizers = list(verbalizers)
         self.label_ids = label_token_ids(lm.tokenizer, self.verbalizers)
         self.chat_template = chat_template
@@ -400,7 +397,9 @@ class LabelScorer:
         return answering.answers
 
     def _label_readout(self, picked: torch.Tensor) -> np.ndarray:
-        return label_logprobs(picked.float() @ self._label_head.T, self._head_index)
+        # a few rows at a time, like the pass before it: a row's log-probs whatever the batch (see by_rows)
+        logits = by_rows(lambda rows: rows.float() @ self._label_head.T, picked, SEQUENCE_ROWS)
+        return label_logprobs(logits, self._head_index)
 
     def _prefix_state(self, prefix_ids: list[int]):
         """The shared prefix in the form the forward path reads: for the packed Llama path a ``_PackedPrefix``
@@ -482,8 +481,7 @@ class LabelScorer:
                 rows.append(i)
                 total += len(suffixes[i])
             start += len(rows)
-            packing = Packing.build([suffixes[i] for i in rows], n_prefix - len(head), head=head,
-                                    pad=self.pad_rows and self._packed is not None)
+            packing = Packing.build([suffixes[i] for i in rows], n_prefix - len(head), head=head)
             if self._packed is not None:
                 kept: list | None = [] if answering is not None else None
                 picked, head_rows = self._packed.forward(packing, rows_known, keep=kept)  # (rows, d)

@@ -405,7 +405,7 @@ def model_batching_gain(n: int = 32, rounds: int = 3) -> dict:
     task = load_task(TASK)
     frame, _ = task.seed_template().input_frame()
     scorer = label_scorer(EMBEDDED, ["yes", "no"], chat_template=task.template.chat_template,
-                          batch_size=task.scoring.batch_size, serving=True)
+                          batch_size=task.scoring.batch_size)
     counter = iter(range(10**9))
 
     def texts(k: int) -> list[str]:
