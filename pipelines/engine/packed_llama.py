@@ -175,14 +175,14 @@ class PackedLlama:
                     out = out.view(S, KV, L, G * D).transpose(1, 2).reshape(S * L, H * D)
                     attn.index_copy_(0, (rows - P).flatten(), out)  # padding rows all land on row N
             if final:
-                h, attn, rows_ = h[last], attn.view(len(last), H * D), SEQUENCE_ROWS
+                h, attn, part_rows = h[last], attn.view(len(last), H * D), SEQUENCE_ROWS
             else:
-                attn, rows_ = attn[:N], TOKEN_ROWS
-            h = h + by_rows(w["o"], attn, rows_)
+                attn, part_rows = attn[:N], TOKEN_ROWS
+            h = h + by_rows(w["o"], attn, part_rows)
             x = _rms_norm(h, *w["norm2"])
-            gate = by_rows(w["gate"], x, rows_)
+            gate = by_rows(w["gate"], x, part_rows)
             F.silu(gate, inplace=True)
-            h = h + by_rows(w["down"], gate.mul_(by_rows(w["up"], x, rows_)), rows_)
+            h = h + by_rows(w["down"], gate.mul_(by_rows(w["up"], x, part_rows)), part_rows)
         return self.body.norm(h), head_rows
 
     @torch.inference_mode()
