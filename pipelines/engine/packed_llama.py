@@ -244,7 +244,7 @@ class PackedLlama:
 
 
 TOKEN_ROWS = 128  # the prompt pass's products, over every token of the packed row
-SEQUENCE_ROWS = 16  # one row per sequence: the last layer's last tokens, the greedy steps, the head's outputs
+SEQUENCE_ROWS = 16  # one row per sequence: the last layer's last tokens, the greedy steps, the label readout
 
 
 def by_rows(product: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, rows: int,
