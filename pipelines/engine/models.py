@@ -93,7 +93,7 @@ def _convert_embedded(target: Path, source_id: str, dtype) -> None:
 
 DTYPE_ENV = "TUNE_PROMPTS_DTYPE"
 # bfloat16 on a CPU only where its matrix products run at least this much faster than float32's: about 4 times on
-# an AMD EPYC with AVX-512 BF16, 0.56 times (slower) on an Intel Xeon that exposes AVX-512 BF16 without AMX, so
+# an AMD EPYC with AVX-512 BF16, 0.55-0.65 times (slower) on an Intel Xeon that exposes AVX-512 BF16 without AMX, so
 # neither verdict sits near the bar and a noisy measurement cannot tip one into the other.
 BF16_MIN_SPEEDUP = 1.3
 _DTYPE_RECORD = "dtype-choice.json"
@@ -106,7 +106,7 @@ def default_dtype() -> str:
 
     The CPU's flags alone do not say. On an AMD EPYC with AVX-512 BF16 the embedded model runs 2 to 2.7 times
     faster in bfloat16 than in float32; on an Intel Xeon that exposes AVX-512 BF16 but not AMX, a bfloat16
-    product of the model's shape ran at 0.56 times float32's speed, and the default run took 443-457 s in
+    product of the model's shape ran at 0.55-0.65 times float32's speed, and the default run took 443-457 s in
     bfloat16. Without the flags torch emulates bfloat16: 1.2 GFLOP/s per core against 48 for float32 on an AVX2
     EPYC, which turns a minutes-long tuning run into hours.
     """
