@@ -16,7 +16,7 @@ import argparse
 import time
 from pathlib import Path
 
-# (rows, in, out): 128 token rows through the query/key/value width, the MLP's up and down projections, and 16
+# (rows, in, out): 128 token rows through the MLP's up and down projections and attention's 576-wide ones, and 16
 # sequences through the 49k-word head (pipelines.engine.packed_llama's TOKEN_ROWS and SEQUENCE_ROWS)
 SHAPES = ((128, 576, 1536), (128, 1536, 576), (128, 576, 576), (16, 576, 49152))
 
